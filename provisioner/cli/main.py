@@ -1,0 +1,23 @@
+"""`provision`: the command line. Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from provisioner.cli import apply_cmd, spec_cmds
+
+app = typer.Typer(
+    name="provision",
+    help="Turn a bare NVIDIA GPU server into a tuned, audited vLLM inference host.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+app.command("init")(spec_cmds.init)
+app.command("inventory")(spec_cmds.inventory)
+app.command("plan")(spec_cmds.plan)
+app.command("apply")(apply_cmd.apply)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,244 @@
+"""What `apply` would do to each host, computed without touching it.
+
+One source: the plan renders the roles' own templates with plain Jinja2, from the
+roles' `defaults/main.yml` overlaid with the host's generated host_vars, and takes
+each file's destination and mode from the role's own template task. Nothing here
+re-implements a unit or a config file in Python.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from provisioner.inventory import host_vars
+from provisioner.paths import role_dir
+from provisioner.spec import Host, Instance, Spec
+
+ROLES = ("sysctl", "nouveau", "shm", "vllm_service")
+UNIT_TEMPLATE = "vllm-instance.service.j2"
+ENV_TEMPLATE = "vllm-instance.env.j2"
+NOUVEAU_TEMPLATES = ("blacklist-nouveau.conf.j2", "grub-nouveau.cfg.j2")
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """A file a role writes: where, with which mode, and its rendered content."""
+
+    path: str
+    content: str
+    mode: str | None
+    role: str
+
+
+@dataclass(frozen=True)
+class PlannedUnit:
+    """One instance's systemd unit and env file, and the environment its process gets."""
+
+    instance: str
+    unit: PlannedFile
+    env_file: PlannedFile
+    environment: dict[str, str]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: str
+    address: str
+    sysctls: dict[str, int | str]
+    sysctl_file: PlannedFile
+    nouveau_files: list[PlannedFile]
+    removed_files: list[str]
+    fstab_line: str | None
+    units: list[PlannedUnit]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[PlannedFile]:
+        """Every file written on the host, in the order the roles write them."""
+        unit_files = [file for unit in self.units for file in (unit.env_file, unit.unit)]
+        return [self.sysctl_file, *self.nouveau_files, *unit_files]
+
+
+def build_plan(spec: Spec) -> list[HostPlan]:
+    """One plan per host, in spec order."""
+    return [host_plan(host, spec.instances_on(host.name)) for host in spec.hosts]
+
+
+def host_plan(host: Host, instances: list[Instance]) -> HostPlan:
+    variables = {**role_defaults(), **host_vars(host, instances)}
+    nouveau_enabled = variables["nouveau_blacklist_enabled"]
+    nouveau_files = [render_role_file("nouveau", name, variables) for name in NOUVEAU_TEMPLATES]
+    return HostPlan(
+        host=host.name,
+        address=host.address,
+        sysctls=variables["sysctl_settings"],
+        sysctl_file=render_role_file("sysctl", "sysctl.conf.j2", variables),
+        nouveau_files=nouveau_files if nouveau_enabled else [],
+        removed_files=[] if nouveau_enabled else [file.path for file in nouveau_files],
+        fstab_line=fstab_line(variables),
+        units=[planned_unit(index, variables) for index in range(len(variables["vllm_service_instances"]))],
+        warnings=host_warnings(host, instances),
+    )
+
+
+def planned_unit(index: int, variables: dict[str, Any]) -> PlannedUnit:
+    entry = variables["vllm_service_instances"][index]
+    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_instance_index": index}
+    if entry["api_key_file"]:
+        unit_variables["vllm_service_api_key"] = redacted_key(entry["api_key_file"])
+    unit = render_role_file("vllm_service", UNIT_TEMPLATE, unit_variables)
+    env_file = render_role_file("vllm_service", ENV_TEMPLATE, unit_variables)
+    environment = {**unit_environment(unit.content), **env_file_environment(env_file.content)}
+    return PlannedUnit(entry["name"], unit, env_file, environment)
+
+
+def redacted_key(path: str) -> str:
+    """What the plan shows instead of the API key (as Ansible's file lookup reads it: trailing whitespace off)."""
+    try:
+        size = len(Path(path).read_bytes().rstrip())
+    except OSError:
+        return f"<missing: {path}>"
+    return f"<redacted: {size} bytes from {path}>"
+
+
+def fstab_line(variables: dict[str, Any]) -> str | None:
+    """The /etc/fstab line of the shm role's lineinfile task; None when shm_size is null (role skipped)."""
+    if variables["shm_size"] is None:
+        return None
+    task = find_task_args("shm", "lineinfile", lambda args: args.get("path") == "/etc/fstab")
+    return render_string(task["line"], variables)
+
+
+def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
+    """Things that are valid but probably not what the user wants."""
+    warnings = []
+    for instance in instances:
+        if not _is_loopback(instance.bind) and not instance.api_key_file:
+            warnings.append(
+                f"{instance.name} listens on {instance.bind} without an API key: anyone who reaches "
+                f"port {instance.port} can use it — set api_key_file"
+            )
+        parallel = _int_option(instance, "tensor-parallel-size") * _int_option(instance, "pipeline-parallel-size")
+        if len(instance.gpus) > 1 and parallel != len(instance.gpus):
+            warnings.append(
+                f"{instance.name} sees {len(instance.gpus)} GPUs but tensor-parallel-size × pipeline-parallel-size "
+                f"is {parallel}: vLLM uses only {parallel} of them"
+            )
+    limited = [device.index for device in host.gpus.devices if device.power_limit != "default"]
+    if limited and not host.gpus.persistence_mode:
+        warnings.append(
+            f"power limits on GPU {', '.join(map(str, limited))} may not survive the driver unloading "
+            "without persistence_mode"
+        )
+    return warnings
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _int_option(instance: Instance, name: str) -> int:
+    value = instance.options.get(name, instance.options.get(name.replace("-", "_"), 1))
+    return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
+
+# --------------------------------------------------------------------------- the roles, read as data
+
+
+@cache
+def role_defaults() -> dict[str, Any]:
+    """The roles' defaults/main.yml merged (they are literal values, no Jinja)."""
+    merged: dict[str, Any] = {}
+    for role in ROLES:
+        path = role_dir(role) / "defaults" / "main.yml"
+        merged.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+    return merged
+
+
+def render_role_file(role: str, template: str, variables: dict[str, Any]) -> PlannedFile:
+    """Render roles/<role>/templates/<template> where the role's template task puts it."""
+    task = find_task_args(role, "template", lambda args: args.get("src") == template)
+    return PlannedFile(
+        path=render_string(task["dest"], variables),
+        content=_environment().get_template(f"{role}/templates/{template}").render(variables),
+        mode=task.get("mode"),
+        role=role,
+    )
+
+
+def render_string(text: str, variables: dict[str, Any]) -> str:
+    return _environment().from_string(text).render(variables)
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    """Plain Jinja2 set up as Ansible's template module sets it up."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(role_dir(ROLES[0]).parent),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def find_task_args(role: str, module: str, matches: Callable[[dict], bool]) -> dict[str, Any]:
+    """The arguments of the role's first `module` task (short or ansible.builtin name) that `matches`."""
+    names = (module, f"ansible.builtin.{module}")
+    for task in _role_tasks(role):
+        for name in names:
+            args = task.get(name)
+            if isinstance(args, dict) and matches(args):
+                return args
+    raise LookupError(f"role {role} has no matching {module} task (looked in {role_dir(role) / 'tasks'})")
+
+
+def _role_tasks(role: str) -> Iterator[dict]:
+    for path in sorted((role_dir(role) / "tasks").glob("*.yml")):
+        yield from _flatten(yaml.safe_load(path.read_text(encoding="utf-8")) or [])
+
+
+def _flatten(tasks: list) -> Iterator[dict]:
+    for task in tasks:
+        if not isinstance(task, dict):
+            continue
+        yield task
+        for section in ("block", "rescue", "always"):
+            yield from _flatten(task.get(section) or [])
+
+
+# --------------------------------------------------------------------------- environment of a unit
+
+
+def unit_environment(unit: str) -> dict[str, str]:
+    """The variables set by a unit's Environment= lines (systemd quoting and %% undone)."""
+    environment = {}
+    for line in unit.splitlines():
+        if line.startswith("Environment="):
+            for assignment in shlex.split(line.removeprefix("Environment=")):
+                key, _, value = assignment.partition("=")
+                environment[key] = value.replace("%%", "%")
+    return environment
+
+
+def env_file_environment(content: str) -> dict[str, str]:
+    """The variables of an EnvironmentFile= (KEY=VALUE lines; comments skipped)."""
+    environment = {}
+    for line in content.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            environment[key.strip()] = value.strip()
+    return environment

@@ -1,0 +1,68 @@
+"""Fixtures for tests against real systemd-nspawn test hosts (see tests/lab)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from tests.lab.hosts import Lab, TestHost
+
+# Paths that change on a host by merely running (logs, ansible's temp files, systemd state):
+# everything else written to a host's disk shows up in its overlay's upper layer.
+VOLATILE = ("var/log/", "var/lib/systemd/", "var/cache/", "tmp/", "var/tmp/", "root/.ansible/", "run/")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.hosts)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    missing = [tool for tool in ("systemd-nspawn", "mmdebstrap", "ssh") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(
+            f"the host tests need root and {', '.join(missing) or 'nothing more'}: "
+            "run .ci/run (it installs them), or deselect with -m 'not hosts'"
+        )
+    with Lab() as created:
+        yield created
+
+
+@pytest.fixture
+def boot(lab):
+    """boot(n) -> n fresh hosts for this test, powered off and removed afterwards."""
+    booted: list[TestHost] = []
+
+    def _boot(count: int = 1) -> list[TestHost]:
+        names = [f"t{lab.boot_count + i}" for i in range(count)]
+        hosts = lab.boot_many(names)
+        booted.extend(hosts)
+        return hosts
+
+    yield _boot
+    for host in booted:
+        lab.destroy(host)
+
+
+def disk_state(host: TestHost) -> dict[str, str]:
+    """What a host has written to its disk: path -> content hash (or link target, or 'dir'/'whiteout')."""
+    upper = host.base / "upper"
+    state = {}
+    for path in sorted(upper.rglob("*")):
+        relative = str(path.relative_to(upper)) + ("/" if path.is_dir() and not path.is_symlink() else "")
+        if relative.startswith(VOLATILE):
+            continue
+        if path.is_symlink():
+            state[relative] = "-> " + os.readlink(path)
+        elif path.is_file():
+            state[relative] = hashlib.sha256(path.read_bytes()).hexdigest()[:12] + f" {path.stat().st_mode:o}"
+        elif path.is_dir():
+            state[relative] = "dir"
+        else:
+            state[relative] = "special"  # overlay whiteout: a deleted file
+    return state

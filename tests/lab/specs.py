@@ -1,0 +1,63 @@
+"""Specs for the lab's test hosts, and the TEST DOUBLE `vllm` they run (no GPU here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tests.lab.hosts import TestHost
+
+STANDIN = Path(__file__).resolve().parent.parent / "doubles" / "vllm_standin.py"
+VLLM_INSTALL_PATH = "/opt/vllm"
+VLLM_BIN = f"{VLLM_INSTALL_PATH}/venv/bin/vllm"
+
+
+def fake_gpu_uuid(host: TestHost) -> str:
+    """No GPU here: an invented, well-formed UUID, one per test host (every GPU has its own)."""
+    last = int(host.address.rsplit(".", 1)[1])
+    return f"GPU-00000000-1111-2222-3333-{last:012d}"
+
+
+def install_standin(host: TestHost) -> None:
+    """Put the TEST DOUBLE `vllm` where the spec's vLLM install path says vLLM lives."""
+    host.put(STANDIN, VLLM_BIN, mode="0755")
+
+
+def host_entry(host: TestHost, **settings) -> dict:
+    return {
+        "name": host.name,
+        "address": host.address,
+        "ssh": {"user": "root", "port": 22, "key": str(host.ssh_key), "known_hosts": str(host.known_hosts)},
+        "settings": {
+            "swappiness": 1,
+            "sysctls": {"vm.max_map_count": 262144},
+            "shm_size": "1G",
+            "nouveau_blacklist": True,
+            **settings,
+        },
+        "gpus": {
+            "expected_count": 1,
+            "devices": [{"index": 0, "uuid": fake_gpu_uuid(host), "model": "NVIDIA GeForce RTX 3090", "power_limit": "max"}],
+        },
+        "vllm": {"version": "0.25.0", "install_path": VLLM_INSTALL_PATH},
+    }
+
+
+def instance_entry(host: TestHost, name: str, port: int, share: float = 0.45, **extra) -> dict:
+    return {
+        "name": name,
+        "host": host.name,
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "port": port,
+        "bind": host.address,  # so the bastion can reach it
+        "gpus": [0],
+        "gpu_memory_utilization": share,
+        "options": {"max-model-len": 4096, "block-size": 16},
+        **extra,
+    }
+
+
+def write_spec(path: Path, hosts: list[dict], instances: list[dict]) -> Path:
+    path.write_text(yaml.safe_dump({"version": 1, "hosts": hosts, "instances": instances}, sort_keys=False))
+    return path

@@ -1,0 +1,132 @@
+"""The `provision` command line, through Typer's CliRunner."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from provisioner.cli.main import app
+from provisioner.paths import EXAMPLES_DIR, SPEC_EXAMPLE
+from tests.unit.conftest import UUID1, host, instance, spec_data, write_spec
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(arg) for arg in args], env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+@pytest.fixture
+def invalid_spec(tmp_path):
+    data = spec_data(instances=[instance("chat", 8000, 0.6), instance("embed", 8000, 0.6)])
+    return write_spec(tmp_path / "bad.yml", data)
+
+
+INVALID_SPEC_PROBLEMS = [
+    "instances[1].port: port 8000 on host ws4070 is already used by instance 'chat' (instances[0]) "
+    "— give each instance on a host its own port",
+    "instances[1].gpu_memory_utilization: shares on GPU 0 of host ws4070 add up to 1.2 (limit 0.95) "
+    "— lower gpu_memory_utilization of chat (0.6), embed (0.6) so they add up to at most 0.95",
+]
+
+
+def test_every_command_is_registered():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("init", "inventory", "plan", "apply"):
+        assert f" {command} " in result.output
+
+
+def test_init_writes_the_example_and_refuses_to_overwrite(tmp_path):
+    target = tmp_path / "spec.yml"
+    first = invoke("init", target)
+    assert first.exit_code == 0, first.output
+    assert target.read_text() == SPEC_EXAMPLE.read_text()
+
+    target.write_text("mine\n")
+    second = invoke("init", target)
+    assert second.exit_code == 1
+    assert f"{target} already exists; pass --force to overwrite it" in second.output
+    assert target.read_text() == "mine\n"
+
+    forced = invoke("init", target, "--force")
+    assert forced.exit_code == 0
+    assert target.read_text() == SPEC_EXAMPLE.read_text()
+
+
+def test_init_defaults_to_spec_yml_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke("init").exit_code == 0
+    assert (tmp_path / "spec.yml").read_text() == SPEC_EXAMPLE.read_text()
+
+
+def test_inventory_writes_the_files(tmp_path):
+    out = tmp_path / "inv"
+    result = invoke("inventory", EXAMPLES_DIR / "seed2-4070.yml", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.yml")) == [
+        "group_vars/all.yml", "host_vars/ws4070.yml", "hosts.yml",
+    ]
+    assert f"wrote {out / 'host_vars' / 'ws4070.yml'}" in result.output.splitlines()
+
+
+def test_inventory_reports_removed_host_vars(tmp_path):
+    two = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})]))
+    assert invoke("inventory", two, "-o", tmp_path / "inv").exit_code == 0
+    write_spec(two, spec_data())
+    result = invoke("inventory", two, "-o", tmp_path / "inv")
+    assert result.exit_code == 0
+    assert f"removed {tmp_path / 'inv' / 'host_vars' / 'ws3090.yml'} (host no longer in the spec)" in result.output
+
+
+def test_invalid_spec_exits_1_lists_every_problem_and_writes_nothing(invalid_spec, tmp_path):
+    result = invoke("inventory", invalid_spec, "-o", tmp_path / "inv")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"{invalid_spec}: 2 problems", *INVALID_SPEC_PROBLEMS]
+    assert not (tmp_path / "inv").exists()
+
+
+def test_plan_of_an_invalid_spec_exits_1_with_the_problems(invalid_spec):
+    result = invoke("plan", invalid_spec)
+    assert result.exit_code == 1
+    assert result.output.splitlines()[1:] == INVALID_SPEC_PROBLEMS
+
+
+def test_plan_yaml_error_exits_1(tmp_path):
+    path = tmp_path / "spec.yml"
+    path.write_text("version: 1\nhosts: [\n")
+    result = invoke("plan", path)
+    assert result.exit_code == 1
+    assert result.output.splitlines()[1] == (
+        "spec.yml:3:1: expected the node content, but found '<stream end>' (while parsing a flow node) "
+        "— fix the YAML syntax"
+    )
+
+
+def test_plan_shows_sysctls_files_units_and_environment():
+    result = invoke("plan", EXAMPLES_DIR / "seed1-3090.yml")
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines()]
+    assert "ws3090 (192.0.2.10)" in result.output
+    assert any(line.startswith("│ vm.swappiness") and line.endswith("│ 1     │") for line in lines)
+    assert "/etc/fstab: tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=16G 0 0" in lines
+    assert "/etc/systemd/system/vllm-qwen7b.service (mode 0644, role vllm_service)" in lines
+    assert "ExecStart=/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct \\" in lines
+    assert "--max-num-seqs 128" in lines
+    assert "/etc/vllm/qwen7b.env (mode 0600, role vllm_service)" in lines
+    assert any("CUDA_VISIBLE_DEVICES" in line and "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a" in line for line in lines)
+    assert "fake-example-key-seed1" not in result.output
+
+
+def test_plan_limit(tmp_path):
+    data = spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={"devices": [{"index": 0, "uuid": UUID1}]})],
+                     instances=[instance("chat", 8000), instance("qwen", 8000, on="ws3090")])
+    path = write_spec(tmp_path / "spec.yml", data)
+    result = invoke("plan", path, "--limit", "ws3090")
+    assert result.exit_code == 0, result.output
+    assert "vllm-qwen.service" in result.output
+    assert "vllm-chat.service" not in result.output
+
+    unknown = invoke("plan", path, "--limit", "ws9999")
+    assert unknown.exit_code == 2
+    assert f"--limit: no host named 'ws9999' in {path}; hosts: ws4070, ws3090" in unknown.output

@@ -1,0 +1,157 @@
+"""Spec → inventory, per docs/variables.md."""
+
+from __future__ import annotations
+
+import yaml
+
+from provisioner.inventory import build_inventory, write_inventory
+from provisioner.paths import EXAMPLES_DIR
+from provisioner.spec import load_spec, validate_spec
+from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data, write_spec
+
+TWO_GPUS = {"devices": [{"index": 0, "uuid": UUID0, "power_limit": 450}, {"index": 1, "uuid": UUID1}]}
+
+
+def test_host_vars_hold_exactly_the_contract_variables():
+    files = build_inventory(validate_spec(spec_data()))
+    assert sorted(files) == ["group_vars/all.yml", "host_vars/ws4070.yml", "hosts.yml"]
+    assert list(files["host_vars/ws4070.yml"]) == [
+        "sysctl_settings", "nouveau_blacklist_enabled", "shm_size", "vllm_service_bin", "vllm_service_instances",
+        "nvidia_gpu_expected_count", "nvidia_gpu_persistence_mode", "nvidia_gpu_devices",
+        "vllm_install_version", "vllm_install_path",
+    ]
+
+
+def test_gpu_indexes_resolve_to_uuids_and_uuids_pass_through():
+    data = spec_data(
+        hosts=[host(gpus=TWO_GPUS)],
+        instances=[instance("a", 8000, gpus=[1]), instance("b", 8001, gpus=[UUID0, 1])],
+    )
+    entries = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]["vllm_service_instances"]
+    assert [entry["gpu_uuids"] for entry in entries] == [[UUID1], [UUID0, UUID1]]
+
+
+def test_instance_entry_fields():
+    data = spec_data(instances=[instance(
+        "chat", 8123, 0.45, bind="0.0.0.0", options={"max-num-seqs": 128, "block-size": 16},
+        env={"HF_HUB_OFFLINE": "1"},
+    )])
+    (entry,) = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]["vllm_service_instances"]
+    assert entry == {
+        "name": "chat",
+        "model": "Qwen/Qwen3-1.7B-FP8",
+        "host": "0.0.0.0",
+        "port": 8123,
+        "gpu_uuids": [UUID0],
+        "gpu_memory_utilization": 0.45,
+        "options": {"block-size": 16, "max-num-seqs": 128},
+        "env": {"HF_HUB_OFFLINE": "1"},
+        "api_key_file": None,
+    }
+
+
+def test_sysctl_settings_merge_swappiness_with_sysctls():
+    settings = {"swappiness": 10, "sysctls": {"vm.max_map_count": 262144, "net.core.somaxconn": 4096}}
+    variables = build_inventory(validate_spec(spec_data(hosts=[host(settings=settings)])))["host_vars/ws4070.yml"]
+    assert variables["sysctl_settings"] == {"net.core.somaxconn": 4096, "vm.max_map_count": 262144, "vm.swappiness": 10}
+    assert list(variables["sysctl_settings"]) == ["net.core.somaxconn", "vm.max_map_count", "vm.swappiness"]
+
+
+def test_settings_and_seam_variables():
+    data = spec_data(hosts=[host(
+        settings={"shm_size": "16G", "nouveau_blacklist": False},
+        gpus={**TWO_GPUS, "persistence_mode": False},
+        vllm={"version": "0.33.0", "install_path": "/srv/vllm/"},
+    )], instances=[])
+    variables = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]
+    assert variables["shm_size"] == "16G"
+    assert variables["nouveau_blacklist_enabled"] is False
+    assert variables["vllm_service_bin"] == "/srv/vllm/venv/bin/vllm"
+    assert variables["vllm_service_instances"] == []
+    assert variables["nvidia_gpu_expected_count"] == 2  # defaults to the devices listed
+    assert variables["nvidia_gpu_persistence_mode"] is False
+    assert variables["nvidia_gpu_devices"] == [
+        {"index": 0, "uuid": UUID0, "model": None, "power_limit": 450},
+        {"index": 1, "uuid": UUID1, "model": None, "power_limit": "default"},
+    ]
+    assert (variables["vllm_install_version"], variables["vllm_install_path"]) == ("0.33.0", "/srv/vllm")
+
+
+def test_hosts_yml_with_absolute_key_and_known_hosts(tmp_path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("key")
+    (tmp_path / "known_hosts").write_text("x")
+    data = spec_data(hosts=[
+        host(ssh={"user": "ubuntu", "port": 2222, "key": "keys/id", "known_hosts": "known_hosts", "become": True}),
+        host("ws3090", "192.0.2.10", gpus={}),
+    ], instances=[])
+    spec = load_spec(write_spec(tmp_path / "spec.yml", data))
+    hosts = build_inventory(spec)["hosts.yml"]["all"]["children"]["vllm_hosts"]["hosts"]
+    assert hosts == {
+        "ws4070": {
+            "ansible_host": "192.0.2.20",
+            "ansible_port": 2222,
+            "ansible_user": "ubuntu",
+            "ansible_ssh_private_key_file": f"{tmp_path}/keys/id",
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={tmp_path}/known_hosts -o StrictHostKeyChecking=yes",
+            "ansible_become": True,
+        },
+        "ws3090": {"ansible_host": "192.0.2.10", "ansible_port": 22, "ansible_user": "root", "ansible_become": False},
+    }
+
+
+def test_instances_go_to_their_own_host_in_spec_order():
+    data = spec_data(
+        hosts=[host(), host("ws3090", "192.0.2.10", gpus={"devices": [{"index": 0, "uuid": UUID1}]})],
+        instances=[instance("a", 8000), instance("b", 8000, on="ws3090"), instance("c", 8001)],
+    )
+    files = build_inventory(validate_spec(data))
+    assert [e["name"] for e in files["host_vars/ws4070.yml"]["vllm_service_instances"]] == ["a", "c"]
+    assert [e["name"] for e in files["host_vars/ws3090.yml"]["vllm_service_instances"]] == ["b"]
+    assert files["host_vars/ws3090.yml"]["vllm_service_instances"][0]["gpu_uuids"] == [UUID1]
+
+
+def test_seed3_example_pins_one_instance_per_card_with_absolute_key_paths():
+    spec = load_spec(EXAMPLES_DIR / "seed3-2x4090.yml")
+    variables = build_inventory(spec)["host_vars/ws2x4090.yml"]
+    entries = {entry["name"]: entry for entry in variables["vllm_service_instances"]}
+    assert entries["qwen2-gpu0"]["gpu_uuids"] == ["GPU-0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"]
+    assert entries["qwen2-gpu1"]["gpu_uuids"] == ["GPU-f4e3d2c1-b0a9-4f8e-9d7c-6b5a4f3e2d1c"]
+    assert entries["qwen2-gpu0"]["api_key_file"] == str(EXAMPLES_DIR / "secrets" / "seed3.key")
+    assert [device["power_limit"] for device in variables["nvidia_gpu_devices"]] == [450, 450]
+    assert variables["nvidia_gpu_persistence_mode"] is True
+
+
+def test_written_files_have_a_header_and_load_back_as_the_data(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "my-spec.yml", spec_data()))
+    result = write_inventory(spec, tmp_path / "inv")
+    assert sorted(p.relative_to(tmp_path / "inv").as_posix() for p in result.written) == [
+        "group_vars/all.yml", "host_vars/ws4070.yml", "hosts.yml",
+    ]
+    text = (tmp_path / "inv" / "host_vars" / "ws4070.yml").read_text()
+    assert text.splitlines()[:2] == [
+        "# Generated by `provision inventory` from my-spec.yml.",
+        "# Do not edit: change the spec and run `provision inventory` again.",
+    ]
+    for relative, data in build_inventory(spec).items():
+        assert yaml.safe_load((tmp_path / "inv" / relative).read_text()) == data
+
+
+def test_writing_twice_gives_the_same_bytes(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "spec.yml", spec_data()))
+    write_inventory(spec, tmp_path / "a")
+    write_inventory(spec, tmp_path / "b")
+    for name in ("hosts.yml", "group_vars/all.yml", "host_vars/ws4070.yml"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_stale_generated_host_vars_are_removed_but_hand_written_ones_kept(tmp_path):
+    two_hosts = spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})], instances=[])
+    write_inventory(validate_spec(two_hosts), tmp_path)
+    (tmp_path / "host_vars" / "mine.yml").write_text("my_var: 1\n")
+
+    result = write_inventory(validate_spec(spec_data(instances=[])), tmp_path)
+
+    assert result.removed == [tmp_path / "host_vars" / "ws3090.yml"]
+    assert sorted(p.name for p in (tmp_path / "host_vars").iterdir()) == ["mine.yml", "ws4070.yml"]
+    assert (tmp_path / "host_vars" / "mine.yml").read_text() == "my_var: 1\n"

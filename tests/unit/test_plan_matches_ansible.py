@@ -1,0 +1,55 @@
+"""The plan's plain-Jinja2 rendering is what Ansible renders from the same templates and variables.
+
+Uses Ansible's own Templar with the settings its template action passes
+(ansible/plugins/action/template.py: trim_blocks, lstrip_blocks off, "\\n", no backslash escaping),
+in-process, so it stays fast. This is what makes `provision plan` trustworthy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from provisioner.inventory import host_vars
+from provisioner.paths import EXAMPLES_DIR, ROLES_DIR
+from provisioner.plan import build_plan, role_defaults
+from provisioner.spec import load_spec
+
+TEMPLATE_ACTION_OVERRIDES = {"trim_blocks": True, "lstrip_blocks": False, "newline_sequence": "\n"}
+
+
+def ansible_render(template: Path, variables: dict) -> str:
+    templar = Templar(loader=DataLoader(), variables=variables)
+    templar = templar.copy_with_new_env(searchpath=[str(template.parent)], available_variables=variables)
+    return templar.template(trust_as_template(template.read_text()), escape_backslashes=False,
+                            overrides=TEMPLATE_ACTION_OVERRIDES)
+
+
+@pytest.mark.parametrize("example", ["seed1-3090", "seed2-4070", "seed3-2x4090"])
+def test_every_planned_file_equals_ansible_rendering(example):
+    spec = load_spec(EXAMPLES_DIR / f"{example}.yml")
+    (plan,) = build_plan(spec)
+    host = spec.hosts[0]
+    variables = {**role_defaults(), **host_vars(host, spec.instances_on(host.name))}
+
+    pairs = [
+        (ROLES_DIR / "sysctl/templates/sysctl.conf.j2", variables, plan.sysctl_file.content),
+        (ROLES_DIR / "nouveau/templates/blacklist-nouveau.conf.j2", variables, plan.nouveau_files[0].content),
+        (ROLES_DIR / "nouveau/templates/grub-nouveau.cfg.j2", variables, plan.nouveau_files[1].content),
+    ]
+    for index, unit in enumerate(plan.units):
+        unit_variables = {
+            **variables,
+            "vllm_service_instance": variables["vllm_service_instances"][index],
+            "vllm_service_instance_index": index,
+            "vllm_service_api_key": unit.environment["VLLM_API_KEY"],
+        }
+        pairs.append((ROLES_DIR / "vllm_service/templates/vllm-instance.service.j2", unit_variables, unit.unit.content))
+        pairs.append((ROLES_DIR / "vllm_service/templates/vllm-instance.env.j2", unit_variables, unit.env_file.content))
+
+    assert len(pairs) == 3 + 2 * len(spec.instances)
+    for template, template_variables, planned in pairs:
+        assert ansible_render(template, template_variables) == planned, template
