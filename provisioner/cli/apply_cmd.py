@@ -11,7 +11,7 @@ from rich.table import Table
 from provisioner.apply import ApplyResult, TaskResult, apply_spec, unified_diff
 from provisioner.cli.common import LimitOption, SpecArgument, check_limit, load_spec_or_exit
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 STATUS_STYLE = {
     "ok": "green",
