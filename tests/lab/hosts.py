@@ -59,6 +59,7 @@ class TestHost:
     ssh_key: Path
     known_hosts: Path
     base: Path  # upper/, work/, root/ (the merged overlay), console.log
+    bridge: str = "vplab0"
     supervisor: subprocess.Popen | None = field(default=None, repr=False)
 
     __test__ = False  # not a pytest test class
@@ -69,7 +70,7 @@ class TestHost:
 
     @property
     def cgroup(self) -> str:
-        return CGROUP_PREFIX + self.name
+        return f"{CGROUP_PREFIX}{self.bridge}-{self.name}"
 
     def ssh_command(self, *remote: str) -> list[str]:
         return [
@@ -146,14 +147,15 @@ class Lab:
 
     def __init__(
         self,
-        bridge: str = "vplab0",
-        network: str = "10.88.0.0/24",
+        bridge: str | None = None,
+        network: str | None = None,
         workdir: Path | None = None,
     ) -> None:
-        self.bridge = bridge
-        self.network = ipaddress.ip_network(network)
+        # VP_LAB_BRIDGE / VP_LAB_NETWORK let two labs run side by side (e.g. 10.88.2.0/24)
+        self.bridge = bridge or os.environ.get("VP_LAB_BRIDGE", "vplab0")
+        self.network = ipaddress.ip_network(network or os.environ.get("VP_LAB_NETWORK", "10.88.0.0/24"))
         self.gateway = str(next(self.network.hosts()))
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="vp-lab-", dir="/var/tmp"))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"vp-lab-{self.bridge}-", dir="/var/tmp"))
         self.hosts: list[TestHost] = []
         self._next_index = 0  # addresses are never reused: known_hosts keeps old keys
         self.rootfs, self.rootfs_seconds, self.rootfs_built = ensure_rootfs()
@@ -205,6 +207,7 @@ class Lab:
                 ssh_key=self.ssh_key,
                 known_hosts=self.known_hosts,
                 base=self.workdir / "hosts" / name,
+                bridge=self.bridge,
             )
             self.hosts.append(host)
             self._prepare_disk(host)
@@ -345,20 +348,21 @@ def _remove_cgroup(cgroup: str) -> None:
             pass
 
 
-def cleanup_stale(bridge: str = "vplab0") -> list[str]:
+def cleanup_stale(bridge: str | None = None) -> list[str]:
     """Remove what a killed lab left behind: its containers, overlays, cgroups and bridge."""
+    bridge = bridge or os.environ.get("VP_LAB_BRIDGE", "vplab0")
     removed = []
     for hierarchy in CGROUP_HIERARCHIES:
-        for top in Path(f"/sys/fs/cgroup/{hierarchy}").glob(CGROUP_PREFIX + "*"):
+        for top in Path(f"/sys/fs/cgroup/{hierarchy}").glob(f"{CGROUP_PREFIX}{bridge}-*"):
             _kill_cgroup(top.name)
             _remove_cgroup(top.name)
             removed.append(f"cgroup {top.name}")
     for line in Path("/proc/mounts").read_text().splitlines():
         target = line.split()[1]
-        if target.startswith("/var/tmp/vp-lab-") and target.endswith("/root"):
+        if target.startswith(f"/var/tmp/vp-lab-{bridge}-") and target.endswith("/root"):
             subprocess.run(["umount", "-l", target], capture_output=True)
             removed.append(f"mount {target}")
-    for workdir in Path("/var/tmp").glob("vp-lab-*"):
+    for workdir in Path("/var/tmp").glob(f"vp-lab-{bridge}-*"):
         shutil.rmtree(workdir, ignore_errors=True)
         removed.append(f"workdir {workdir}")
     if Path(f"/sys/class/net/{bridge}").exists():
