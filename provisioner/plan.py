@@ -19,6 +19,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from provisioner.gpu.topology import tensor_parallel_p2p_warnings
 from provisioner.inventory import host_vars
 from provisioner.paths import role_dir
 from provisioner.spec import Host, Instance, Spec
@@ -139,6 +140,7 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
             f"power limits on GPU {', '.join(map(str, limited))} may not survive the driver unloading "
             "without persistence_mode"
         )
+    warnings += tensor_parallel_p2p_warnings(host, instances)
     return warnings
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from provisioner.apply import apply_spec
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
-from tests.lab.specs import fake_gpu_uuid, host_entry, install_standin, instance_entry, write_spec
+from tests.lab.specs import fake_gpu_uuid, host_entry, install_gpu_standin, install_standin, instance_entry, write_spec
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 
@@ -189,7 +189,8 @@ def test_unreachable_host_fails_the_run_and_the_other_host_is_still_applied(boot
 
 
 def test_missing_vllm_binary_fails_with_a_clear_message(boot, tmp_path):
-    (host,) = boot(1)  # no stand-in installed: vLLM is missing
+    (host,) = boot(1)
+    install_gpu_standin(host)  # but no vLLM stand-in: vLLM is missing
     spec = write_spec(tmp_path / "spec.yml", [host_entry(host)], [instance_entry(host, "chat", 8000)])
     result = provision("apply", str(spec))
     assert result.returncode == 1

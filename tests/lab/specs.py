@@ -6,9 +6,11 @@ from pathlib import Path
 
 import yaml
 
+from tests.doubles import nvidia_smi_standin
 from tests.lab.hosts import TestHost
 
 STANDIN = Path(__file__).resolve().parent.parent / "doubles" / "vllm_standin.py"
+GPU_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 VLLM_INSTALL_PATH = "/opt/vllm"
 VLLM_BIN = f"{VLLM_INSTALL_PATH}/venv/bin/vllm"
 
@@ -19,9 +21,16 @@ def fake_gpu_uuid(host: TestHost) -> str:
     return f"GPU-00000000-1111-2222-3333-{last:012d}"
 
 
+def install_gpu_standin(host: TestHost) -> None:
+    """The TEST DOUBLE `nvidia-smi`, answering for one RTX 3090 (the card host_entry lists)."""
+    nvidia_smi_standin.install(host, GPU_FIXTURES / "rtx3090", uuids=[fake_gpu_uuid(host)])
+
+
 def install_standin(host: TestHost) -> None:
-    """Put the TEST DOUBLE `vllm` where the spec's vLLM install path says vLLM lives."""
+    """The TEST DOUBLEs for what needs a GPU: `vllm` where the spec's install path says it lives,
+    and `nvidia-smi`."""
     host.put(STANDIN, VLLM_BIN, mode="0755")
+    install_gpu_standin(host)
 
 
 def host_entry(host: TestHost, **settings) -> dict:

@@ -1,0 +1,44 @@
+"""nvidia-smi, for hosts without NVML in Python: its CSV queries and topology matrices read as facts.
+
+`read_smi_facts(run)` asks `nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv` (and
+`topo -m`, `topo -p2p r|w` when there are several GPUs) through `run(arguments) -> stdout`
+and returns the same plain data as `provisioner.gpu.nvml.read_nvml_facts`.
+`subprocess_runner(executable)` is such a `run` for this machine. The parsing code is the
+role's module_utils (nvidia_gpu_facts.py), shared with the Ansible module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+
+from provisioner.gpu.shared import gpu_facts
+
+SmiError = gpu_facts.SmiError
+QUERY_FIELDS = gpu_facts.QUERY_FIELDS
+query_arguments = gpu_facts.query_arguments
+parse_query_csv = gpu_facts.parse_query_csv
+parse_topology_matrix = gpu_facts.parse_topology_matrix
+read_smi_facts = gpu_facts.read_smi_facts
+
+
+def fact_commands() -> list[list[str]]:
+    """Every nvidia-smi argument list read_smi_facts may run (to run them in one batch, e.g. over SSH)."""
+    return [query_arguments(), ["topo", "-m"], ["topo", "-p2p", "r"], ["topo", "-p2p", "w"]]
+
+
+def subprocess_runner(executable: str = "nvidia-smi") -> Callable[[list[str]], str]:
+    """run(arguments) -> stdout of this machine's nvidia-smi; SmiError when it is missing or fails."""
+    path = shutil.which(executable)
+
+    def run(arguments: list[str]) -> str:
+        if path is None:
+            raise SmiError(f"{executable} is not on the PATH")
+        done = subprocess.run([path, *arguments], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise SmiError(f"`{executable} {' '.join(arguments)}` exited {done.returncode}: "
+                           f"{(done.stderr or done.stdout).strip()}")
+        return done.stdout
+
+    return run
