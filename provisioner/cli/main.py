@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from provisioner.cli import apply_cmd, spec_cmds
+from provisioner.cli import apply_cmd, audit_cmd, facts_cmd, spec_cmds
 
 app = typer.Typer(
     name="provision",
@@ -17,6 +17,8 @@ app.command("init")(spec_cmds.init)
 app.command("inventory")(spec_cmds.inventory)
 app.command("plan")(spec_cmds.plan)
 app.command("apply")(apply_cmd.apply)
+app.command("facts")(facts_cmd.facts)
+app.command("audit")(audit_cmd.audit)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""Benchmark (not a test): how long `provision audit` takes on 1 host and on N hosts, warm.
+
+  VP_LAB_BRIDGE=vpaud0 VP_LAB_NETWORK=10.88.3.0/24 .venv/bin/python -m bench.audit_bench [--hosts N] [--runs R]
+
+Boots N lab hosts (default 8), applies a spec with one instance each, then times the audit of the
+first host alone and of all N: one cold run (opens the SSH masters), then R warm runs (the masters
+are open, as for a second `provision audit` within two minutes); the median warm run counts.
+Prints checks, seconds, checks per second, where the time went (connect, first check, the rest)
+and the N-host / 1-host time ratio. Targets: >= 40 checks on one host in <= 2 s warm; N hosts <= 2x one host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from provisioner.apply import apply_spec
+from provisioner.audit.expectations import Target, spec_targets
+from provisioner.audit.runner import audit_hosts, exit_code
+from provisioner.spec import load_spec
+from tests.lab.hosts import Lab
+from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
+
+
+class Timeline:
+    """When the last host connected, when the first check finished, when all were done (s after start)."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.connected = self.first_check = 0.0
+
+    def __call__(self, host: str, event: str, value) -> None:
+        now = time.monotonic() - self.start
+        if event == "connected":
+            self.connected = max(self.connected, now)
+        elif event == "check" and not self.first_check:
+            self.first_check = now
+
+
+def timed_audit(targets: list[Target]) -> tuple[float, int, Timeline]:
+    timeline = Timeline()
+    reports = audit_hosts(targets, on_progress=timeline)
+    seconds = time.monotonic() - timeline.start
+    assert exit_code(reports) == 0, {name: report.status for name, report in reports.items()}
+    return seconds, sum(len(report.checks) for report in reports.values()), timeline
+
+
+def measure(targets: list[Target], runs: int) -> dict:
+    cold, _, _ = timed_audit(targets)
+    warm = sorted((timed_audit(targets) for _ in range(runs)), key=lambda run: run[0])
+    seconds, checks, timeline = warm[len(warm) // 2]
+    return {"hosts": len(targets), "checks": checks, "cold": cold, "seconds": seconds,
+            "spread": statistics.pstdev(run[0] for run in warm), "timeline": timeline}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=8, help="N, the hosts of the second measurement (at least 2)")
+    parser.add_argument("--runs", type=int, default=5, help="warm runs per measurement (the median counts)")
+    parser.add_argument("--settle", type=float, default=20, help="seconds to let the hosts settle after apply")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir, Lab() as lab:
+        started = time.monotonic()
+        hosts = lab.boot_many([f"a{index}" for index in range(args.hosts)])
+        for host in hosts:
+            install_standin(host)
+        spec = load_spec(write_spec(Path(workdir) / "spec.yml", [host_entry(host) for host in hosts],
+                                    [instance_entry(host, f"chat-{host.name}", 8000) for host in hosts]))
+        applied = apply_spec(spec)
+        assert applied.succeeded, applied.problems
+        print(f"{args.hosts} hosts booted and applied in {time.monotonic() - started:.0f} s", flush=True)
+        time.sleep(args.settle)  # the units just (re)started; the 8 hosts share this machine's cores
+        targets = spec_targets(spec)
+        rows = [measure(targets[:1], args.runs), measure(targets, args.runs)]
+    print(f"\n{'hosts':>5} {'checks':>6} {'cold s':>7} {'warm s':>7} {'±':>5} {'checks/s':>8}"
+          f" {'connected':>9} {'1st check':>9}")
+    for row in rows:
+        timeline = row["timeline"]
+        print(f"{row['hosts']:>5} {row['checks']:>6} {row['cold']:>7.2f} {row['seconds']:>7.2f} {row['spread']:>5.2f}"
+              f" {row['checks'] / row['seconds']:>8.1f} {timeline.connected:>9.2f} {timeline.first_check:>9.2f}")
+    one, many = rows
+    ratio = many["seconds"] / one["seconds"]
+    print(f"\nload average now: {' '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} cores"
+          " (the lab's hosts run on these cores too: their side of the audit competes with the auditor)")
+    print(f"\n1 host: {one['checks']} checks in {one['seconds']:.2f} s warm "
+          f"(target: >= 40 checks in <= 2 s: {'met' if one['checks'] >= 40 and one['seconds'] <= 2 else 'MISSED'})")
+    print(f"{many['hosts']} hosts / 1 host: {ratio:.2f}x (target <= 2x: {'met' if ratio <= 2 else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

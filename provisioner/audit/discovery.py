@@ -1,0 +1,73 @@
+"""Profile mode: find the vLLM servers on a host we did not build.
+
+Units: any systemd service whose ExecStart runs `vllm serve` (or `python -m vllm.entrypoints…`),
+whatever its name. Containers: those docker or podman (where the CLI exists) runs from a vLLM image
+or command. One SSH round trip, through the host's ControlMaster.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import testinfra
+
+from provisioner.audit.expectations import is_vllm_command
+from provisioner.audit.suite.facts import run_commands
+from provisioner.audit.text import show_blocks, shown_argv
+
+CONTAINER_TOOLS = ("docker", "podman")
+UNITS_COMMAND = (
+    "units=$( { systemctl list-unit-files --type=service --no-legend --no-pager;"
+    " systemctl list-units --type=service --all --no-legend --no-pager --plain; }"
+    " | awk '{print $1}' | grep -v '@\\.service$' | sort -u );"
+    " systemctl show --no-pager -p Id -p FragmentPath -p ExecStart $units"
+)
+CONTAINERS_COMMAND = "command -v {tool} >/dev/null || exit 3; ids=$({tool} ps -q); [ -z \"$ids\" ] || {tool} inspect $ids"
+
+
+def discover(host: testinfra.host.Host) -> dict[str, Any]:
+    commands = {"units": UNITS_COMMAND, **{tool: CONTAINERS_COMMAND.format(tool=tool) for tool in CONTAINER_TOOLS}}
+    out = run_commands(host, commands)
+    tools = [tool for tool in CONTAINER_TOOLS if out[tool].rc != 3]
+    return {
+        "units": vllm_units(out["units"].text),
+        "container_tools": tools,
+        "containers": [
+            container for tool in tools if out[tool].rc == 0 for container in vllm_containers(tool, out[tool].text)
+        ],
+    }
+
+
+def vllm_units(show_output: str) -> list[dict[str, Any]]:
+    units = []
+    for block in show_blocks(show_output):
+        argv = shown_argv(block.get("ExecStart", ""))
+        if argv and is_vllm_command(argv):
+            units.append({"name": block["Id"], "fragment": block.get("FragmentPath", ""), "argv": argv})
+    return units
+
+
+def vllm_containers(tool: str, inspect_output: str) -> list[dict[str, Any]]:
+    """The containers of `docker inspect` (or podman's) output whose image or command is vLLM's."""
+    containers = []
+    for container in json.loads(inspect_output) if inspect_output.strip() else []:
+        config, host_config = container.get("Config") or {}, container.get("HostConfig") or {}
+        argv = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+        image = config.get("Image") or container.get("ImageName") or ""
+        if "vllm" not in image.lower() and not is_vllm_command(argv):
+            continue
+        ports = (container.get("NetworkSettings") or {}).get("Ports") or {}
+        containers.append({
+            "name": container.get("Name", "").lstrip("/") or container.get("Id", "")[:12],
+            "tool": tool,
+            "image": image,
+            "ports": sorted(
+                f"{binding.get('HostIp') or '0.0.0.0'}:{binding.get('HostPort')}->{port}"
+                for port, bindings in ports.items() for binding in bindings or []
+            ),
+            "shm_bytes": host_config.get("ShmSize"),
+            "argv": argv,
+            "environment": dict(entry.split("=", 1) for entry in config.get("Env") or [] if "=" in entry),
+        })
+    return containers

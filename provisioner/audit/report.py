@@ -1,0 +1,67 @@
+"""The audit's reports: a Rich table per host, JUnit XML (n/a as skipped) and JSON."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from provisioner.audit.runner import HostReport, exit_code
+
+STATUS_STYLE = {"passed": "green", "failed": "bold red", "n/a": "cyan", "error": "bold red", "skipped": "yellow"}
+COUNTED = ("passed", "failed", "n/a", "error")
+
+
+def summary(report: HostReport) -> str:
+    """'drift: 50 passed, 1 failed, 5 n/a' or 'could not run: <why>'."""
+    if report.error is not None:
+        return f"could not run: {report.error}"
+    counts = ", ".join(f"{report.count(status)} {status}" for status in COUNTED if report.count(status))
+    return f"{report.status}: {counts or 'no checks'}"
+
+
+def host_table(report: HostReport) -> Table:
+    title = f"{report.host} ({report.address}) — {summary(report)}"
+    table = Table(title=title, title_justify="left", min_width=len(title))
+    for column in ("check", "expected", "actual", "status"):
+        table.add_column(column, overflow="fold")
+    for check in report.checks:
+        table.add_row(Text(check.check), Text(check.expected), Text(check.actual),
+                      Text(check.status, style=STATUS_STYLE.get(check.status, "")))
+    return table
+
+
+def write_junit(reports: dict[str, HostReport], path: Path) -> None:
+    """One <testsuite> per host, one <testcase> per check; a host that could not run: one errored case."""
+    suites = ElementTree.Element("testsuites", name="provision audit")
+    for report in reports.values():
+        suite = ElementTree.SubElement(suites, "testsuite", name=report.host, hostname=report.address)
+        if report.error is not None:
+            case = ElementTree.SubElement(suite, "testcase", classname=report.host, name="connect")
+            ElementTree.SubElement(case, "error", message=report.error)
+        for check in report.checks:
+            case = ElementTree.SubElement(suite, "testcase", classname=report.host, name=check.check)
+            if check.status == "failed":
+                ElementTree.SubElement(case, "failure", message=f"expected {check.expected}, actual {check.actual}")
+            elif check.status == "error":
+                ElementTree.SubElement(case, "error", message=check.message)
+            elif check.status in ("n/a", "skipped"):
+                ElementTree.SubElement(case, "skipped", message=check.message)
+        cases = suite.findall("testcase")
+        suite.set("tests", str(len(cases)))
+        for kind, attribute in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+            suite.set(attribute, str(sum(case.find(kind) is not None for case in cases)))
+    ElementTree.indent(suites)
+    ElementTree.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_json(reports: dict[str, HostReport], path: Path) -> None:
+    data = {
+        "exit_code": exit_code(reports),
+        "hosts": {name: {**asdict(report), "status": report.status} for name, report in reports.items()},
+    }
+    Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

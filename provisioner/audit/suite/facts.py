@@ -1,0 +1,210 @@
+"""What a host has, read in ONE SSH round trip and parsed for the checks.
+
+The commands to run follow from the host's expectations (which files, which sysctl keys, which
+units); they run as one shell script through testinfra, each one's output and exit status framed
+by a marker line. One read per host keeps an audit of ~50 checks well under two seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import testinfra
+
+from provisioner.audit.text import environment_words, shown_argv, sysctl_settings
+
+HTTP_PROBE = Path(__file__).with_name("http_probe.sh")  # bash /dev/tcp: plain http
+HTTPS_PROBE = Path(__file__).with_name("http_probe.py")  # python's ssl: https
+PROBE_TIMEOUT_S = 10
+MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
+UNIT_STATE = ("LoadState", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
+              "Environment", "ExecStart")
+INITRAMFS_SCRIPT = """\
+image=/boot/initrd.img-$(uname -r)
+if [ ! -e "$image" ]; then echo "no initramfs at $image"; exit 3; fi
+if ! command -v lsinitramfs >/dev/null; then echo "no lsinitramfs to read $image"; exit 3; fi
+echo "$image"; lsinitramfs "$image" | grep -x -F {path}"""
+
+
+@dataclass
+class Output:
+    text: str
+    rc: int
+
+
+@dataclass
+class UnitFacts:
+    shown: dict[str, str]  # `systemctl show` properties
+    environment: dict[str, str]  # Environment= and the EnvironmentFile= variables the checks ask about
+    env_file: tuple[str, str] | None  # (mode, owner:group) of the expected env file; None: absent
+    env_file_sha256: str | None
+    http: dict[str, Any]
+
+    @property
+    def argv(self) -> list[str]:
+        return shown_argv(self.shown.get("ExecStart", ""))
+
+
+@dataclass
+class HostFacts:
+    container: str | None  # what systemd-detect-virt --container says; None: not a container
+    sysctl_configured: dict[str, str]
+    sysctl_live: dict[str, str | None]
+    files: dict[str, str | None]
+    modprobe_lines: set[str]
+    modules: set[str]
+    cmdline: list[str]
+    initramfs: Output | None
+    reboot_lines: set[str]
+    fstab: str
+    shm_bytes: int | None
+    page_size: int
+    listening: set[str]
+    units: dict[str, UnitFacts] = field(default_factory=dict)
+
+
+def read_facts(host: testinfra.host.Host, expected: dict[str, Any]) -> HostFacts:
+    commands = host_commands(expected)
+    outputs = run_commands(host, commands)
+    return parse_facts(expected, outputs)
+
+
+def run_commands(host: testinfra.host.Host, commands: dict[str, str]) -> dict[str, Output]:
+    """Run every command in one SSH round trip; name → its output (stdout and stderr) and exit status."""
+    marker = f"@@vp-audit-{secrets.token_hex(6)}"
+    script = "".join(
+        f"echo '{marker} {name}'; ( {command}\n) 2>&1; rc=$?; echo; echo \"{marker} rc $rc\"\n"
+        for name, command in commands.items()
+    )
+    result = host.run(script)
+    if result.rc != 0 and marker not in result.stdout:
+        raise RuntimeError(f"reading the host failed (exit {result.rc}): {result.stderr.strip()[-500:]}")
+    return parse_outputs(result.stdout, marker)
+
+
+def parse_outputs(stdout: str, marker: str) -> dict[str, Output]:
+    pattern = re.compile(rf"^{re.escape(marker)} (\S+)\n(.*?)\n{re.escape(marker)} rc (\d+)$", re.S | re.M)
+    return {name: Output(text, int(rc)) for name, text, rc in pattern.findall(stdout)}
+
+
+def host_commands(expected: dict[str, Any]) -> dict[str, str]:
+    sysctl, nouveau, shm = expected["sysctl"], expected["nouveau"], expected["shm"]
+    commands = {
+        "virt": "systemd-detect-virt --container",
+        "sysctl": f"cat {shlex.quote(sysctl['file'])}" if sysctl["file"] else "systemd-analyze cat-config sysctl.d",
+        "modprobe": "cat " + " ".join(f"{directory}/*.conf" for directory in MODPROBE_DIRS) + " 2>/dev/null",
+        "modules": "cut -d' ' -f1 /proc/modules",
+        "cmdline": "cat /proc/cmdline",
+        "fstab": "cat /etc/fstab",
+        "shm": "findmnt -n -b -o SIZE /dev/shm",
+        "page_size": "getconf PAGESIZE",
+        "listening": "ss -Hltn",
+    }
+    for index, key in enumerate(sysctl["settings"]):
+        commands[f"live{index}"] = f"cat {shlex.quote(proc_sys_path(key))}"
+    for index, path in enumerate(nouveau_files(nouveau)):
+        commands[f"file{index}"] = f"cat {shlex.quote(path)}"
+    if nouveau.get("initramfs_file"):
+        commands["initramfs"] = INITRAMFS_SCRIPT.format(path=shlex.quote(nouveau["initramfs_file"]))
+    if nouveau.get("reboot_marker"):
+        commands["reboot"] = f"cat {shlex.quote(nouveau['reboot_marker']['path'])}"
+    for index, unit in enumerate(expected["units"]):
+        commands.update(unit_commands(index, unit))
+    return commands
+
+
+def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
+    name = shlex.quote(unit["name"])
+    properties = ",".join([*UNIT_STATE, *unit["properties"]])
+    variables = "|".join(map(re.escape, unit["environment"])) or "^$"
+    commands = {
+        f"unit{index}": f"systemctl show {name} --property={properties}",
+        # only the variables the checks ask about: an env file may hold secrets
+        f"unit_env{index}": (
+            f"systemctl show {name} -p EnvironmentFiles --value | while read -r file rest; do cat \"$file\"; done"
+            f" | grep -E {shlex.quote(f'^({variables})=')}"
+        ),
+    }
+    scheme, _, address = unit["url"].partition("://")
+    host, _, port = address.rpartition(":")
+    probe = f"python3 -c {shlex.quote(HTTPS_PROBE.read_text())}" if scheme == "https" else (
+        f"bash -c {shlex.quote(HTTP_PROBE.read_text())}")
+    commands[f"http{index}"] = f"timeout {PROBE_TIMEOUT_S} {probe} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}"
+    if unit.get("env_file"):
+        path = shlex.quote(unit["env_file"]["path"])
+        commands[f"env_file{index}"] = f"stat -c '%a %U:%G' {path} && sha256sum {path}"
+    return commands
+
+
+def nouveau_files(nouveau: dict[str, Any]) -> list[str]:
+    return [*nouveau.get("files", {}), *nouveau.get("absent_files", [])]
+
+
+def proc_sys_path(key: str) -> str:
+    """sysctl's own rule: a key with a slash is already a path, dots in it are literal."""
+    return "/proc/sys/" + (key if "/" in key else key.replace(".", "/"))
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
+    sysctl, nouveau = expected["sysctl"], expected["nouveau"]
+    configured = out["sysctl"].text if out["sysctl"].rc == 0 else ""
+    facts = HostFacts(
+        container=out["virt"].text.strip() if out["virt"].rc == 0 else None,
+        sysctl_configured=sysctl_settings(configured),
+        sysctl_live={
+            key: " ".join(out[f"live{index}"].text.split()) if out[f"live{index}"].rc == 0 else None
+            for index, key in enumerate(sysctl["settings"])
+        },
+        files={
+            path: out[f"file{index}"].text if out[f"file{index}"].rc == 0 else None
+            for index, path in enumerate(nouveau_files(nouveau))
+        },
+        modprobe_lines={" ".join(line.split()) for line in out["modprobe"].text.splitlines()},
+        modules=set(out["modules"].text.split()),
+        cmdline=out["cmdline"].text.split(),
+        initramfs=out.get("initramfs"),
+        reboot_lines=set(out["reboot"].text.splitlines()) if "reboot" in out and out["reboot"].rc == 0 else set(),
+        fstab=out["fstab"].text,
+        shm_bytes=int(out["shm"].text) if out["shm"].rc == 0 and out["shm"].text.strip().isdigit() else None,
+        page_size=int(out["page_size"].text),
+        listening={line.split()[3] for line in out["listening"].text.splitlines() if len(line.split()) > 3},
+    )
+    for index, unit in enumerate(expected["units"]):
+        facts.units[unit["name"]] = parse_unit(index, out)
+    return facts
+
+
+def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
+    shown = dict(line.split("=", 1) for line in out[f"unit{index}"].text.splitlines() if "=" in line)
+    environment = environment_words(shown.get("Environment", ""))
+    environment.update(line.split("=", 1) for line in out[f"unit_env{index}"].text.splitlines() if "=" in line)
+    env_file = out.get(f"env_file{index}")
+    stat, sha256 = None, None
+    if env_file is not None and env_file.rc == 0:
+        first, second = env_file.text.splitlines()[:2]
+        mode, owner = first.split()
+        stat, sha256 = (mode.zfill(4), owner), second.split()[0]
+    return UnitFacts(shown, environment, stat, sha256, http_answers(out[f"http{index}"].text))
+
+
+def http_answers(text: str) -> dict[str, dict[str, Any]]:
+    """The probe's output ('@@ <path>' then the raw HTTP answer, or why there is none), per path:
+    {"status": 200, "body": ...} or {"error": "connect: Connection refused"}."""
+    answers = {}
+    for path, raw in re.findall(r"^@@ (\S+)\n(.*?)(?=^@@ |\Z)", text, re.S | re.M):
+        head, _, body = raw.partition("\r\n\r\n")
+        status = re.match(r"HTTP/\S+ (\d{3})", head)
+        if status:
+            answers[path] = {"status": int(status.group(1)), "body": body}
+        else:  # why there is none, e.g. "10.88.3.10: connect: Connection refused"
+            lines = raw.strip().splitlines()
+            answers[path] = {"error": lines[0].removeprefix("error: ") if lines else "no answer within 5 s"}
+    return answers

@@ -1,0 +1,51 @@
+"""Runs ON THE AUDITED HOST for an https server (python3 - UNIT HOST PORT; standard library only).
+
+Asks the server for /health and /v1/models with its own API key (read from the server process:
+its VLLM_API_KEY, else its --api-key; never printed) and prints each raw HTTP answer after a line
+`@@ <path>`, as the shell probe in facts.py does for plain http. The server's certificate is not
+checked: the probe talks to the local server.
+"""
+import socket
+import ssl
+import subprocess
+import sys
+
+
+def api_key(unit):
+    pid = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
+                         capture_output=True, text=True).stdout.strip()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            for entry in environ.read().split(b"\0"):
+                if entry.startswith(b"VLLM_API_KEY="):
+                    return entry.split(b"=", 1)[1].decode()
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = [word.decode() for word in cmdline.read().split(b"\0")]
+    except (OSError, ValueError):
+        return ""
+    for index, word in enumerate(argv):
+        if word == "--api-key" and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith("--api-key="):
+            return word.split("=", 1)[1]
+    return ""
+
+
+def main():
+    unit, host, port = sys.argv[1:4]
+    key = api_key(unit)
+    for path in ("/health", "/v1/models"):
+        print(f"\n@@ {path}", flush=True)
+        request = f"GET {path} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as plain:
+                with ssl._create_unverified_context().wrap_socket(plain, server_hostname=host.strip("[]")) as tls:
+                    tls.sendall(request)
+                    while chunk := tls.recv(65536):
+                        sys.stdout.write(chunk.decode(errors="replace"))
+        except OSError as error:
+            print(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+# Runs ON THE AUDITED HOST (bash -c SCRIPT UNIT HOST PORT): ask a plain-http vLLM server for /health
+# and /v1/models, from the host itself, with the server's own API key (read from the server process:
+# its VLLM_API_KEY, else its --api-key; it stays in this shell, never on a command line). Prints each
+# raw HTTP answer after a line `@@ <path>` (bash's words after it when there is none). One bash costs a
+# tenth of starting python; https servers get http_probe.py.
+pid=$(systemctl show -p MainPID --value "$0")
+key=
+while IFS= read -r -d '' entry; do
+  case $entry in VLLM_API_KEY=*) key=${entry#*=} ;; esac
+done 2>/dev/null < "/proc/$pid/environ"
+previous=
+while [ -z "$key" ] && IFS= read -r -d '' word; do
+  case $previous,$word in --api-key,*) key=$word ;; *,--api-key=*) key=${word#*=} ;; esac
+  previous=$word
+done 2>/dev/null < "/proc/$pid/cmdline"
+for path in /health /v1/models; do
+  printf '\n@@ %s\n' "$path"
+  if exec 3<>"/dev/tcp/$1/$2"; then
+    printf 'GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n' "$path" "$1" "$key" >&3
+    cat <&3
+    exec 3<&-
+  fi
+done

@@ -1,0 +1,68 @@
+"""The nouveau driver kept off the host (role nouveau): files, modprobe config, initramfs, module, kernel cmdline, reboot.
+
+A container has no kernel, initramfs or boot loader of its own: those checks are n/a there.
+"""
+
+from provisioner.audit.checks import ABSENT, each
+
+
+def when_enabled(key: str):
+    """The check runs once per host that blacklists nouveau and has `key` in its expectations."""
+    return each(lambda expected: [expected["nouveau"]] if expected["nouveau"].get(key) else [], ids=lambda _: key)
+
+
+@each(lambda expected: expected["nouveau"].get("files", {}).items(), ids=lambda file: file[0])
+def test_file(case, facts, audit):
+    path, content = case.item
+    audit.expect(f"nouveau file: {path}", content, facts.files[path] or ABSENT)
+
+
+@each(lambda expected: expected["nouveau"].get("absent_files", []))
+def test_file_removed(case, facts, audit):
+    path = case.item
+    audit.expect(f"nouveau file: {path}", ABSENT, ABSENT if facts.files[path] is None else "present")
+
+
+@when_enabled("modprobe_lines")
+def test_blacklisted_in_modprobe_config(case, facts, audit):
+    lines = case.item["modprobe_lines"]
+    found = [line for line in lines if line in facts.modprobe_lines]
+    audit.expect("nouveau blacklisted in modprobe.d", lines, found or "none of these lines")
+
+
+@when_enabled("initramfs_file")
+def test_in_initramfs(case, facts, audit):
+    path = case.item["initramfs_file"]
+    check, expected = "nouveau blacklist in the initramfs", f"contains {path}"
+    if facts.container:
+        audit.not_applicable(check, expected, f"a container ({facts.container}) boots no initramfs")
+    if facts.initramfs.rc == 3:
+        audit.not_applicable(check, expected, facts.initramfs.text.strip())
+    image = facts.initramfs.text.splitlines()[0]
+    audit.expect(check, expected, expected if facts.initramfs.rc == 0 else f"{image} lacks {path}")
+
+
+@each(lambda expected: expected["nouveau"].get("modules", []))
+def test_module_not_loaded(case, facts, audit):
+    module = case.item
+    audit.expect(f"{module} module", "not loaded", "loaded" if module in facts.modules else "not loaded")
+
+
+@when_enabled("cmdline_flags")
+def test_kernel_cmdline(case, facts, audit):
+    flags = case.item["cmdline_flags"]
+    check = "kernel cmdline: nouveau flags"
+    if facts.container:
+        audit.not_applicable(check, flags, f"a container ({facts.container}) has no kernel command line of its own")
+    found = [flag for flag in flags if flag in facts.cmdline]
+    audit.expect(check, flags, found or "none of them")
+
+
+@when_enabled("reboot_marker")
+def test_no_reboot_pending(case, facts, audit):
+    marker = case.item["reboot_marker"]
+    check = "reboot pending for nouveau"
+    if facts.container:
+        audit.not_applicable(check, "no", f"a container ({facts.container}) is not rebooted for its kernel")
+    pending = marker["line"] in facts.reboot_lines
+    audit.expect(check, "no", f"yes ({marker['line']} in {marker['path']})" if pending else "no")

@@ -1,0 +1,130 @@
+"""Each vLLM unit (role vllm_service): loaded, enabled, active, its settings as `systemctl show` reports
+them, its environment, its command line, its env file, and the server answering on its address.
+
+Spec mode expects what the role's template renders for the instance; profile mode applies the
+profile's rules to each unit that discovery found.
+"""
+
+import json
+
+from provisioner.audit.checks import ABSENT, UNSET, each, shown
+from provisioner.audit.text import shown_command
+
+units = each(lambda expected: expected["units"], ids=lambda unit: unit["name"])
+
+
+def per_unit(key: str):
+    """The check runs once per (unit, name) of each unit's `key` mapping (properties, environment)."""
+    return each(
+        lambda expected: [(unit, name, value) for unit in expected["units"] for name, value in unit[key].items()],
+        ids=lambda entry: f"{entry[0]['name']}-{entry[1]}",
+    )
+
+
+@units
+def test_loaded(case, facts, audit):
+    unit = case.item
+    shown_state = facts.units[unit["name"]].shown
+    actual = shown_state["LoadState"]
+    if actual == "loaded":
+        actual = f"loaded from {shown_state['FragmentPath']}"
+    audit.expect(f"{unit['name']}: unit file", f"loaded from {unit['fragment']}", actual)
+
+
+@units
+def test_enabled(case, facts, audit):
+    unit = case.item
+    audit.expect(f"{unit['name']}: enabled", "enabled", facts.units[unit["name"]].shown.get("UnitFileState") or UNSET)
+
+
+@units
+def test_active(case, facts, audit):
+    unit = case.item
+    state = facts.units[unit["name"]].shown
+    actual = state["ActiveState"] if state["ActiveState"] == "active" else f"{state['ActiveState']} ({state['SubState']})"
+    audit.expect(f"{unit['name']}: active", "active", actual)
+
+
+@units
+def test_unit_file_reloaded(case, facts, audit):
+    unit = case.item
+    audit.expect(f"{unit['name']}: NeedDaemonReload", "no", facts.units[unit["name"]].shown.get("NeedDaemonReload"))
+
+
+@per_unit("properties")
+def test_property(case, facts, audit):
+    unit, name, expected = case.item
+    audit.expect(f"{unit['name']}: {name}", expected, facts.units[unit["name"]].shown.get(name) or UNSET)
+
+
+@per_unit("environment")
+def test_environment(case, facts, audit):
+    unit, name, expected = case.item
+    audit.expect(f"{unit['name']}: Environment {name}", expected, facts.units[unit["name"]].environment.get(name, UNSET))
+
+
+@units
+def test_command_line(case, facts, audit):
+    unit = case.item
+    audit.expect(f"{unit['name']}: ExecStart", unit["command_line"], shown_command(facts.units[unit["name"]].argv))
+
+
+env_files = each(lambda expected: [unit for unit in expected["units"] if unit.get("env_file")],
+                 ids=lambda unit: unit["name"])
+
+
+@env_files
+def test_env_file_mode(case, facts, audit):
+    unit, env_file = case.item, case.item["env_file"]
+    stat = facts.units[unit["name"]].env_file
+    audit.expect(f"{unit['name']}: EnvironmentFile mode", env_file["mode"], stat[0] if stat else ABSENT)
+
+
+@env_files
+def test_env_file_owner(case, facts, audit):
+    unit, env_file = case.item, case.item["env_file"]
+    stat = facts.units[unit["name"]].env_file
+    audit.expect(f"{unit['name']}: EnvironmentFile owner", env_file["owner"], stat[1] if stat else ABSENT)
+
+
+@env_files
+def test_env_file_content(case, facts, audit):
+    unit, env_file = case.item, case.item["env_file"]
+    actual = facts.units[unit["name"]].env_file_sha256
+    audit.expect(f"{unit['name']}: EnvironmentFile content", f"as rendered (sha256 {env_file['sha256'][:12]})",
+                 f"sha256 {actual[:12]}" if actual else ABSENT, passed=actual == env_file["sha256"])
+
+
+@units
+def test_listening(case, facts, audit):
+    unit = case.item
+    port = unit["listen"].rsplit(":", 1)[1]
+    on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == port)
+    audit.expect(f"{unit['name']}: listening", unit["listen"], on_port or f"nothing on port {port}",
+                 passed=unit["listen"] in on_port)
+
+
+@units
+def test_health(case, facts, audit):
+    unit = case.item
+    answer = facts.units[unit["name"]].http.get("/health", {"error": "no answer"})
+    audit.expect(f"{unit['name']}: GET /health", "200", answer.get("status", answer.get("error")))
+
+
+@units
+def test_served_models(case, facts, audit):
+    unit = case.item
+    answer = facts.units[unit["name"]].http.get("/v1/models", {"error": "no answer"})
+    audit.expect(f"{unit['name']}: GET /v1/models", shown(unit["served_names"]), model_ids(answer))
+
+
+def model_ids(answer: dict) -> str | list[str]:
+    """The model ids of a /v1/models answer, or what came instead."""
+    if "error" in answer:
+        return answer["error"]
+    if answer["status"] != 200:
+        return f"HTTP {answer['status']}"
+    try:
+        return [model["id"] for model in json.loads(answer["body"])["data"]]
+    except (ValueError, KeyError, TypeError):
+        return f"not a list of models: {answer['body'][:80]}"

@@ -1,0 +1,58 @@
+"""Text formats both sides read: sysctl.d files, `systemctl show` values, the suite's progress lines.
+
+Standard library only: the suite imports it in every audit's pytest process.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+# the suite's progress lines on stderr: this prefix, then JSON (provisioner/audit/plugin.py)
+PROGRESS_PREFIX = "@@audit "
+# the values of these flags are secrets: never shown in a report
+SECRET_FLAGS = ("--api-key",)
+
+
+def sysctl_settings(content: str) -> dict[str, str]:
+    """`key = value` lines (sysctl.d syntax: # and ; comments, a leading - ignores errors; the last one wins)."""
+    settings = {}
+    for line in content.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";")) and "=" in line:
+            key, _, value = line.partition("=")
+            settings[key.strip().lstrip("-")] = " ".join(value.split())
+    return settings
+
+
+def environment_words(value: str) -> dict[str, str]:
+    """`systemctl show`'s Environment= (NAME=value words, quoted where needed) → {NAME: value}."""
+    return dict(word.split("=", 1) for word in shlex.split(value) if "=" in word)
+
+
+def shown_argv(exec_start: str) -> list[str]:
+    """The first command of `systemctl show`'s ExecStart= ({ path=… ; argv[]=… ; … }), split into words."""
+    match = re.search(r"argv\[\]=(.*?) ; ignore_errors=", exec_start)
+    return match.group(1).split() if match else []
+
+
+def show_blocks(text: str) -> list[dict[str, str]]:
+    """`systemctl show` output of one or more units (blank lines between units) → one dict per unit."""
+    blocks = []
+    for chunk in re.split(r"\n\s*\n", text.strip()):
+        if chunk.strip():
+            blocks.append(dict(line.split("=", 1) for line in chunk.splitlines() if "=" in line))
+    return blocks
+
+
+def shown_command(argv: list[str]) -> str:
+    """A command line for a report, the values of secret flags replaced: `--api-key <redacted>`."""
+    shown = []
+    for index, word in enumerate(argv):
+        name, equals, _ = word.partition("=")
+        if name in SECRET_FLAGS and equals:
+            word = f"{name}=<redacted>"
+        elif index > 0 and argv[index - 1] in SECRET_FLAGS:
+            word = "<redacted>"
+        shown.append(word)
+    return " ".join(shown)

@@ -1,0 +1,211 @@
+"""`provision audit` against real systemd test hosts: passes after apply, names each planted drift, exit codes.
+
+The hosts are systemd-nspawn containers: the live sysctl, initramfs, kernel cmdline and reboot checks
+are n/a there (never "passed").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from provisioner.apply import apply_spec
+from provisioner.audit.expectations import spec_targets
+from provisioner.audit.runner import HostReport, audit_hosts, exit_code
+from provisioner.spec import load_spec
+from tests.lab.specs import fake_gpu_uuid, host_entry, install_standin, instance_entry, write_spec
+
+PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
+CONTAINER_NOT_APPLICABLE = {
+    "sysctl live: vm.swappiness", "sysctl live: vm.max_map_count", "nouveau blacklist in the initramfs",
+    "kernel cmdline: nouveau flags", "reboot pending for nouveau",
+}
+UNIT = "vllm-chat.service"
+# the checks that fail along with "active" whenever the instance's server is not running
+SERVER_DOWN = {f"{UNIT}: listening", f"{UNIT}: GET /health", f"{UNIT}: GET /v1/models"}
+
+
+def provision_audit(*args, json_file) -> tuple[subprocess.CompletedProcess, dict]:
+    result = subprocess.run([*PROVISION, "audit", *map(str, args), "--json", str(json_file)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "250"})
+    return result, json.loads(json_file.read_text())
+
+
+def applied_spec(hosts, path, **instance_extra):
+    for host in hosts:
+        install_standin(host)
+    spec = load_spec(write_spec(path, [host_entry(h) for h in hosts],
+                                [instance_entry(hosts[0], "chat", 8000, share=0.9, **instance_extra)]))
+    result = apply_spec(spec)
+    assert result.succeeded, result.problems
+    return spec
+
+
+def audit_one(spec) -> HostReport:
+    (report,) = audit_hosts(spec_targets(spec)).values()
+    return report
+
+
+def not_passed(report: HostReport) -> dict[str, tuple[str, str]]:
+    return {check.check: (check.expected, check.actual) for check in report.checks if check.status not in ("passed", "n/a")}
+
+
+@pytest.fixture(scope="module")
+def applied(lab, tmp_path_factory):
+    """One host with the spec applied (an instance with an API key); tests here only read it."""
+    (host,) = lab.boot_many([f"t{lab.boot_count}"])
+    folder = tmp_path_factory.mktemp("applied")
+    key_file = folder / "chat.key"
+    key_file.write_text("sk-audit-secret-42\n")
+    spec = applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
+    yield host, spec, folder
+    lab.destroy(host)
+
+
+def test_audit_passes_right_after_apply(applied):
+    host, spec, folder = applied
+    result, report = provision_audit(spec.source_path, "--junit", folder / "audit.xml", json_file=folder / "audit.json")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = report["hosts"][host.name]["checks"]
+    statuses = {check["check"]: check["status"] for check in checks}
+    assert len(checks) >= 40
+    assert {name for name, status in statuses.items() if status == "n/a"} == CONTAINER_NOT_APPLICABLE
+    assert set(statuses.values()) == {"passed", "n/a"}
+    for name in (f"{UNIT}: User", f"{UNIT}: NoNewPrivileges", f"{UNIT}: ProtectSystem", f"{UNIT}: ExecStart",
+                 f"{UNIT}: EnvironmentFile mode", f"{UNIT}: EnvironmentFile owner", f"{UNIT}: GET /v1/models",
+                 f"{UNIT}: Environment CUDA_VISIBLE_DEVICES", f"{UNIT}: listening", "/dev/shm size", "sysctl file: vm.swappiness"):
+        assert statuses[name] == "passed", name
+    assert f"{host.name} ({host.address})" in result.stdout and "sk-audit-secret" not in result.stdout
+    suite = ElementTree.parse(folder / "audit.xml").getroot().find("testsuite")
+    assert (suite.get("name"), suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        host.name, str(len(checks)), "0", str(len(CONTAINER_NOT_APPLICABLE)))
+
+
+def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
+    host, spec, folder = applied
+    result, report = provision_audit("--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+                                     "--known-hosts", host.known_hosts, "--profile", "recommended",
+                                     json_file=folder / "profile.json")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = {check["check"]: check for check in report["hosts"][host.address]["checks"]}
+    assert checks["vLLM units"]["actual"] == UNIT
+    assert checks["vLLM containers"]["actual"] == "none found (no docker or podman)"
+    assert checks[f"{UNIT}: User"]["actual"] == "vllm"
+    assert checks[f"{UNIT}: Environment CUDA_VISIBLE_DEVICES"]["actual"] == fake_gpu_uuid(host)
+    assert checks[f"{UNIT}: Environment CUDA_DEVICE_ORDER"]["actual"] == "PCI_BUS_ID"
+    assert "serve Qwen/Qwen2.5-7B-Instruct" in checks[f"{UNIT}: ExecStart"]["actual"]
+    assert "--max-model-len 4096" in checks[f"{UNIT}: ExecStart"]["actual"]
+    assert checks[f"{UNIT}: listening"]["actual"] == f"{host.address}:8000"
+    assert checks["sysctl configured: vm.swappiness"]["status"] == "passed"
+    assert checks["sysctl live: vm.swappiness"]["status"] == "n/a"
+
+
+def test_unreachable_host_exits_2_and_the_other_host_is_still_audited(applied, lab, tmp_path):
+    host, spec, folder = applied
+    ghost = host_entry(host)  # the applied spec, plus a host in our lab where nothing was booted
+    ghost.update(name="ghost", address=str(lab.network.broadcast_address - 1))
+    ghost["gpus"]["devices"][0]["uuid"] = "GPU-00000000-1111-2222-3333-999999999999"
+    instances = [instance_entry(host, "chat", 8000, share=0.9, api_key_file=str(folder / "chat.key"))]
+    spec_file = write_spec(tmp_path / "spec.yml", [host_entry(host), ghost], instances)
+
+    result, report = provision_audit(spec_file, json_file=tmp_path / "audit.json")
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert report["hosts"]["ghost"]["status"] == "could not run"
+    assert "ghost" in result.stdout and "could not run" in result.stdout
+    assert "port 22" in report["hosts"]["ghost"]["error"]  # ssh's own message: no route / timed out
+    assert report["hosts"][host.name]["status"] == "passed"
+    assert len(report["hosts"][host.name]["checks"]) >= 40
+
+
+def test_each_planted_drift_fails_exactly_its_check_and_apply_repairs_it(boot, tmp_path):
+    (host,) = boot(1)
+    key_file = tmp_path / "chat.key"
+    key_file.write_text("sk-audit-secret-42\n")
+    spec = applied_spec([host], tmp_path / "spec.yml", api_key_file=str(key_file))
+    assert exit_code({host.name: audit_one(spec)}) == 0
+    unit_file = f"/etc/systemd/system/{UNIT}"
+    reload_and_restart = f"systemctl daemon-reload && systemctl restart {UNIT}"
+    command_line = (f"/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --host {host.address} --port 8000 "
+                    "--gpu-memory-utilization 0.9 --block-size 16")
+    drifts = [  # (what is done on the host, the check that must fail, its expected, its actual)
+        ("sed -i 's/^vm.swappiness = 1$/vm.swappiness = 60/' /etc/sysctl.d/60-vllm-provision.conf",
+         "sysctl file: vm.swappiness", "1", "60"),
+        ("chmod 0644 /etc/vllm/chat.env", f"{UNIT}: EnvironmentFile mode", "0600", "0644"),
+        ("mount -o remount,size=512M /dev/shm", "/dev/shm size", f"{1024 ** 3} bytes (1G)", f"{512 * 1024 ** 2} bytes"),
+        (f"sed -i 's/^Environment=CUDA_VISIBLE_DEVICES=.*/Environment=CUDA_VISIBLE_DEVICES=0/' {unit_file} && {reload_and_restart}",
+         f"{UNIT}: Environment CUDA_VISIBLE_DEVICES", fake_gpu_uuid(host), "0"),
+        (f"sed -i 's/--block-size 16/--block-size 16 --unknown-flag/' {unit_file} && {reload_and_restart}",
+         f"{UNIT}: ExecStart", f"{command_line} --max-model-len 4096", f"{command_line} --unknown-flag --max-model-len 4096"),
+        (f"systemctl stop {UNIT}", f"{UNIT}: active", "active", "inactive (dead)"),
+    ]
+    failing: set[str] = set()
+    for command, check, expected, actual in drifts:
+        host.ssh(command)
+        found = not_passed(audit_one(spec))
+        failing |= {check} | (SERVER_DOWN if check == f"{UNIT}: active" else set())
+        assert set(found) == failing, (command, found)
+        assert found[check] == (expected, actual), command
+    assert found[f"{UNIT}: listening"] == (f"{host.address}:8000", "nothing on port 8000")
+
+    assert apply_spec(spec).succeeded
+    repaired = audit_one(spec)
+    assert exit_code({host.name: repaired}) == 0, not_passed(repaired)
+
+    # kill the server: audit at once (the unit restarts it after RestartSec=10)
+    host.ssh(f"kill -9 $(systemctl show -p MainPID --value {UNIT})")
+    killed = not_passed(audit_one(spec))
+    assert set(killed) == {f"{UNIT}: active", *SERVER_DOWN}
+    assert killed[f"{UNIT}: active"] == ("active", "activating (auto-restart)")
+    assert apply_spec(spec).succeeded
+    assert exit_code({host.name: audit_one(spec)}) == 0
+
+
+HAND_WRITTEN_UNIT = """\
+[Unit]
+Description=LLM server someone set up by hand
+
+[Service]
+ExecStart=/opt/vllm/venv/bin/vllm serve facebook/opt-125m --port 8000 --api-key sk-hand-written-7
+Environment=CUDA_VISIBLE_DEVICES=0
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def test_profile_mode_on_a_server_we_did_not_build(boot, tmp_path):
+    (host,) = boot(1)
+    install_standin(host)
+    unit_file = tmp_path / "my-llm.service"
+    unit_file.write_text(HAND_WRITTEN_UNIT)
+    host.put(unit_file, "/etc/systemd/system/my-llm.service", mode="0644")
+    host.ssh("systemctl daemon-reload && systemctl enable --now my-llm.service")
+    host.ssh("for i in $(seq 100); do ss -Hltn | grep -q ':8000 ' && exit 0; sleep 0.1; done; exit 1")  # listening
+
+    result, report = provision_audit("--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+                                     "--known-hosts", host.known_hosts, json_file=tmp_path / "profile.json")
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = {check["check"]: check for check in report["hosts"][host.address]["checks"]}
+    assert checks["vLLM units"]["actual"] == "my-llm.service"
+    failed = {name: check["actual"] for name, check in checks.items() if check["status"] == "failed"}
+    assert failed["my-llm.service: User"] == "(unset)"  # runs as root
+    assert failed["my-llm.service: Environment CUDA_DEVICE_ORDER"] == "(unset)"
+    assert failed["my-llm.service: Environment CUDA_VISIBLE_DEVICES"] == "0"
+    assert failed["my-llm.service: Restart"] == "no"
+    assert failed["my-llm.service: NoNewPrivileges"] == "no"
+    assert "--api-key <redacted>" in failed["my-llm.service: ExecStart"]
+    assert "sk-hand-written" not in result.stdout + json.dumps(report)
+    # what it serves is reported, and answers (the API key is read from the process on the host)
+    assert checks["my-llm.service: GET /v1/models"]["status"] == "passed", checks["my-llm.service: GET /v1/models"]
+    assert checks["my-llm.service: GET /v1/models"]["actual"] == "facebook/opt-125m"
+    assert checks["my-llm.service: listening"]["actual"] == "0.0.0.0:8000"
+    assert checks["my-llm.service: active"]["status"] == "passed"

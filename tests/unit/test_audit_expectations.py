@@ -1,0 +1,157 @@
+"""The audit's expectations come from the roles' variables and the roles' own rendered templates."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from provisioner.audit.expectations import (
+    load_profile,
+    profile_expectations,
+    serving_expectations,
+    spec_targets,
+    time_span,
+)
+from provisioner.paths import EXAMPLES_DIR
+from provisioner.plan import build_plan
+from provisioner.spec import load_spec, validate_spec
+from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
+
+SEED1_UUID = "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a"
+
+
+@pytest.fixture(scope="module")
+def seed1():
+    spec = load_spec(EXAMPLES_DIR / "seed1-3090.yml")
+    (target,) = spec_targets(spec)
+    return spec, target
+
+
+def test_connection_and_host_settings_come_from_the_spec(seed1):
+    _, target = seed1
+    assert (target.name, target.connection.address, target.connection.user, target.connection.port) == (
+        "ws3090", "192.0.2.10", "root", 22)
+    expected = target.expected
+    assert expected["sysctl"] == {"file": "/etc/sysctl.d/60-vllm-provision.conf", "settings": {"vm.swappiness": "1"}}
+    assert expected["shm"] == {"size": "16G", "bytes": 16 * 1024**3, "exact": True,
+                               "fstab_line": "tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=16G 0 0",
+                               "fstab_pattern": r"^\s*\S+\s+/dev/shm/?\s"}
+
+
+def test_nouveau_files_are_the_rendered_templates(seed1):
+    spec, target = seed1
+    (plan,) = build_plan(spec)
+    nouveau = target.expected["nouveau"]
+    assert nouveau["files"] == {file.path: file.content for file in plan.nouveau_files}
+    assert nouveau["modprobe_lines"] == ["blacklist nouveau", "options nouveau modeset=0"]
+    assert nouveau["modules"] == ["nouveau"]
+    assert nouveau["cmdline_flags"] == ["nouveau.modeset=0", "rd.driver.blacklist=nouveau", "modprobe.blacklist=nouveau"]
+    assert nouveau["initramfs_file"] == "etc/modprobe.d/blacklist-nouveau.conf"
+    assert nouveau["reboot_marker"] == {"path": "/run/reboot-required.pkgs", "line": "vllm-provision:nouveau"}
+
+
+def test_unit_expectations_are_the_rendered_unit_as_systemctl_show_reports_it(seed1):
+    _, target = seed1
+    (unit,) = target.expected["units"]
+    assert unit["name"] == "vllm-qwen7b.service"
+    assert unit["fragment"] == "/etc/systemd/system/vllm-qwen7b.service"
+    properties = unit["properties"]
+    assert properties["User"] == "vllm" and properties["Group"] == "vllm"
+    assert properties["NoNewPrivileges"] == "yes" and properties["ProtectSystem"] == "strict"
+    assert properties["Restart"] == "on-failure"
+    assert properties["TimeoutStartUSec"] == "30min" and properties["RestartUSec"] == "10s"
+    assert not {"Environment", "EnvironmentFile", "ExecStart", "ExecStartPost", "TimeoutStartSec"} & set(properties)
+    assert unit["environment"] == {"CUDA_VISIBLE_DEVICES": SEED1_UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                   "HF_HOME": "/var/lib/vllm/hf"}
+    assert unit["command_line"] == (
+        "/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --host 127.0.0.1 --port 8000 "
+        "--gpu-memory-utilization 0.95 --block-size 16 --dtype bfloat16 --max-model-len 4096 --max-num-seqs 128"
+    )
+    assert (unit["listen"], unit["url"], unit["served_names"]) == (
+        "127.0.0.1:8000", "http://127.0.0.1:8000", ["Qwen/Qwen2.5-7B-Instruct"])
+
+
+def test_env_file_is_expected_by_hash_with_the_real_key_which_never_appears(seed1):
+    spec, target = seed1
+    (unit,) = target.expected["units"]
+    (plan,) = build_plan(spec)
+    secret = (EXAMPLES_DIR / "secrets" / "seed1-qwen.key").read_text().strip()
+    redacted = plan.units[0].env_file.content
+    with_key = "\n".join(
+        f"VLLM_API_KEY={secret}" if line.startswith("VLLM_API_KEY=") else line for line in redacted.split("\n"))
+    assert unit["env_file"] == {"path": "/etc/vllm/qwen7b.env", "mode": "0600", "owner": "root:root",
+                                "sha256": hashlib.sha256(with_key.encode()).hexdigest()}
+    assert secret not in json.dumps(target.expected)
+
+
+def test_a_changed_spec_changes_the_expectations():
+    data = spec_data(
+        hosts=[host(settings={"swappiness": 10, "nouveau_blacklist": False, "shm_size": None})],
+        instances=[instance("chat", 8001, bind="0.0.0.0", options={"served-model-name": "chat"}, env={"A": "b c"})],
+    )
+    (target,) = spec_targets(validate_spec(data, check_files=False))
+    expected = target.expected
+    assert expected["sysctl"]["settings"] == {"vm.swappiness": "10"}
+    assert expected["nouveau"] == {
+        "enabled": False,
+        "absent_files": ["/etc/modprobe.d/blacklist-nouveau.conf", "/etc/default/grub.d/60-vllm-provision-nouveau.cfg"],
+    }
+    assert expected["shm"] == {"size": None}
+    (unit,) = expected["units"]
+    assert unit["environment"]["A"] == "b c" and unit["environment"]["CUDA_VISIBLE_DEVICES"] == UUID0
+    assert (unit["listen"], unit["url"], unit["served_names"]) == ("0.0.0.0:8001", "http://127.0.0.1:8001", ["chat"])
+
+
+def test_limit_picks_one_host():
+    second = host("ws2", "192.0.2.21", gpus={"devices": [{"index": 0, "uuid": UUID1}]})
+    data = spec_data(hosts=[host(), second], instances=[instance("chat", 8000)])
+    spec = validate_spec(data, check_files=False)
+    assert [target.name for target in spec_targets(spec)] == ["ws4070", "ws2"]
+    assert [target.name for target in spec_targets(spec, limit="ws2")] == ["ws2"]
+
+
+@pytest.mark.parametrize("argv, listen, url, served", [
+    (["vllm", "serve", "m"], "0.0.0.0:8000", "http://127.0.0.1:8000", ["m"]),
+    (["vllm", "serve", "m", "--host", "::1", "--port", "9000"], "[::1]:9000", "http://[::1]:9000", ["m"]),
+    (["vllm", "serve", "m", "--ssl-certfile", "c.pem", "--served-model-name", "a", "b"],
+     "0.0.0.0:8000", "https://127.0.0.1:8000", ["a", "b"]),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model=m", "--port=8002"],
+     "0.0.0.0:8002", "http://127.0.0.1:8002", ["m"]),
+])
+def test_where_a_vllm_command_line_listens_and_what_it_serves(argv, listen, url, served):
+    assert serving_expectations(argv) == {"listen": listen, "url": url, "served_names": served}
+
+
+@pytest.mark.parametrize("seconds, shown", [(10, "10s"), (1800, "30min"), (5410, "1h 30min 10s"), (90000, "1d 1h")])
+def test_time_spans_read_as_systemctl_show_writes_them(seconds, shown):
+    assert time_span(seconds) == shown
+
+
+def test_profile_expectations_apply_the_profile_to_what_was_discovered():
+    profile = load_profile("recommended")
+    discovered = {
+        "units": [{"name": "llm.service", "fragment": "/etc/systemd/system/llm.service",
+                   "argv": ["/usr/bin/vllm", "serve", "m", "--port", "8100"]}],
+        "container_tools": ["docker"],
+        "containers": [{"name": "v", "tool": "docker", "image": "vllm/vllm-openai", "ports": [], "shm_bytes": 67108864,
+                        "argv": ["vllm", "serve", "m", "--api-key", "sk-x"],
+                        "environment": {"CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": "hf_secret"}}],
+    }
+    expected = profile_expectations(profile, discovered)
+    assert expected["sysctl"] == {"file": None, "settings": {"vm.swappiness": "1"}}
+    assert expected["shm"] == {"size": "1G", "bytes": 1024**3, "exact": False}
+    assert expected["nouveau"]["cmdline_flags"][0] == "nouveau.modeset=0"  # from the role's defaults
+    (unit,) = expected["units"]
+    assert unit["properties"] == profile["unit"]["properties"]
+    assert unit["listen"] == "0.0.0.0:8100"
+    (container,) = expected["containers"]["found"]
+    assert container["environment"] == {"CUDA_VISIBLE_DEVICES": "0"}  # HF_TOKEN dropped: not asked about
+    assert container["command_line"] == "vllm serve m --api-key <redacted>"
+    assert "sk-x" not in json.dumps(expected) and "hf_secret" not in json.dumps(expected)
+
+
+def test_an_unknown_profile_names_the_known_ones():
+    with pytest.raises(ValueError, match="no profile named 'strict'; profiles: recommended"):
+        load_profile("strict")

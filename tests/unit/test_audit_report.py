@@ -1,0 +1,69 @@
+"""Audit exit codes and reports: Rich table, JUnit XML (n/a as skipped), JSON."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+from rich.console import Console
+
+from provisioner.audit.report import host_table, summary, write_json, write_junit
+from provisioner.audit.runner import CheckResult, HostReport, exit_code
+
+
+def report(host: str, *statuses: str, error: str | None = None) -> HostReport:
+    checks = [CheckResult(host, f"check {index}", "1", "1" if status != "failed" else "60", status,
+                          message="a container" if status == "n/a" else "boom" if status == "error" else "")
+              for index, status in enumerate(statuses)]
+    return HostReport(host, "192.0.2.1", checks, error)
+
+
+@pytest.mark.parametrize("reports, code", [
+    ([report("a", "passed", "n/a"), report("b", "passed")], 0),
+    ([report("a", "passed", "failed"), report("b", "passed")], 1),
+    ([report("a", "passed"), report("b", error="ssh: connect to host b port 22: No route to host")], 2),
+    ([report("a", "failed"), report("b", error="ssh: no route")], 2),
+    ([report("a", "passed", "error")], 2),
+])
+def test_exit_code_0_all_passed_1_drift_2_could_not_run(reports, code):
+    assert exit_code({r.host: r for r in reports}) == code
+
+
+def test_table_shows_check_expected_actual_status_and_a_summary():
+    console = Console(record=True, width=200)
+    console.print(host_table(report("ws1", "passed", "failed", "n/a")))
+    text = console.export_text()
+    assert "ws1 (192.0.2.1) — drift: 1 passed, 1 failed, 1 n/a" in text
+    assert all(column in text for column in ("check", "expected", "actual", "status"))
+    row = next(line for line in text.splitlines() if "check 1" in line)
+    assert [cell.strip() for cell in row.split("│")[1:5]] == ["check 1", "1", "60", "failed"]
+
+
+def test_summary_of_a_host_that_could_not_run_says_why():
+    assert summary(report("b", error="ssh: no route")) == "could not run: ssh: no route"
+
+
+def test_junit_has_a_suite_per_host_failures_skips_for_na_and_errors(tmp_path):
+    reports = {"a": report("a", "passed", "failed", "n/a", "error"), "b": report("b", error="ssh: no route")}
+    write_junit(reports, tmp_path / "audit.xml")
+    suites = ElementTree.parse(tmp_path / "audit.xml").getroot().findall("testsuite")
+    a, b = suites
+    assert (a.get("name"), a.get("tests"), a.get("failures"), a.get("errors"), a.get("skipped")) == ("a", "4", "1", "1", "1")
+    cases = a.findall("testcase")
+    assert cases[0].find("failure") is None and cases[0].get("name") == "check 0"
+    assert cases[1].find("failure").get("message") == "expected 1, actual 60"
+    assert cases[2].find("skipped").get("message") == "a container"
+    assert cases[3].find("error").get("message") == "boom"
+    assert b.find("testcase").get("name") == "connect"
+    assert b.find("testcase/error").get("message") == "ssh: no route"
+
+
+def test_json_has_the_exit_code_and_every_check(tmp_path):
+    write_json({"a": report("a", "passed", "failed")}, tmp_path / "audit.json")
+    data = json.loads((tmp_path / "audit.json").read_text())
+    assert data["exit_code"] == 1
+    assert data["hosts"]["a"]["status"] == "drift"
+    assert [check["status"] for check in data["hosts"]["a"]["checks"]] == ["passed", "failed"]
+    assert data["hosts"]["a"]["checks"][1] | {"id": ""} == {
+        "host": "a", "check": "check 1", "expected": "1", "actual": "60", "status": "failed", "message": "", "id": ""}
