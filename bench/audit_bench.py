@@ -21,7 +21,7 @@ from pathlib import Path
 
 from provisioner.apply import apply_spec
 from provisioner.audit.expectations import Target, spec_targets
-from provisioner.audit.runner import audit_hosts, exit_code
+from provisioner.audit.runner import audit_hosts, disconnect, exit_code
 from provisioner.spec import load_spec
 from tests.lab.hosts import Lab
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
@@ -66,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir, Lab() as lab:
         started = time.monotonic()
-        hosts = lab.boot_many([f"a{index}" for index in range(args.hosts)])
+        hosts = lab.boot_many([f"ab{index}" for index in range(args.hosts)])
         for host in hosts:
             install_standin(host)
         spec = load_spec(write_spec(Path(workdir) / "spec.yml", [host_entry(host) for host in hosts],
@@ -77,6 +77,7 @@ def main() -> int:
         time.sleep(args.settle)  # the units just (re)started; the 8 hosts share this machine's cores
         targets = spec_targets(spec)
         rows = [measure(targets[:1], args.runs), measure(targets, args.runs)]
+        disconnect([target.connection for target in targets])  # before the lab powers the hosts off
     print(f"\n{'hosts':>5} {'checks':>6} {'cold s':>7} {'warm s':>7} {'±':>5} {'checks/s':>8}"
           f" {'connected':>9} {'1st check':>9}")
     for row in rows:

@@ -116,9 +116,13 @@ def control_dir() -> Path:
 
 
 def ssh_config_block(alias: str, connection: Connection) -> str:
-    """One Host block. Its master's socket is named after everything in the block, so a changed key or
-    known_hosts file (or another host at the same address) never reuses an old connection."""
-    lines = [
+    lines = [*connection_options(connection), "ControlMaster auto", f'ControlPath "{control_path(connection)}"',
+             f"ControlPersist {CONTROL_PERSIST}"]
+    return f"Host {alias}\n" + "".join(f"  {line}\n" for line in lines)
+
+
+def connection_options(connection: Connection) -> list[str]:
+    options = [
         f"HostName {connection.address}",
         f"User {connection.user}",
         f"Port {connection.port}",
@@ -128,12 +132,24 @@ def ssh_config_block(alias: str, connection: Connection) -> str:
         "LogLevel ERROR",
     ]
     if connection.key:
-        lines += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
+        options += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
     if connection.known_hosts:
-        lines += [f'UserKnownHostsFile "{connection.known_hosts}"', "StrictHostKeyChecking yes"]
-    socket = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:20]
-    lines += ["ControlMaster auto", f'ControlPath "{control_dir() / socket}"', f"ControlPersist {CONTROL_PERSIST}"]
-    return f"Host {alias}\n" + "".join(f"  {line}\n" for line in lines)
+        options += [f'UserKnownHostsFile "{connection.known_hosts}"', "StrictHostKeyChecking yes"]
+    return options
+
+
+def control_path(connection: Connection) -> Path:
+    """The master's socket, named after all the connection's options: a changed key or known_hosts
+    file (or another host at the same address) never reuses an old connection."""
+    return control_dir() / hashlib.sha256("\n".join(connection_options(connection)).encode()).hexdigest()[:20]
+
+
+def disconnect(connections: list[Connection]) -> None:
+    """Close the master connections to these hosts now, not CONTROL_PERSIST after the last audit
+    (before a host goes away: a master left on a vanished host keeps a half-open connection)."""
+    for connection in connections:
+        subprocess.run(["ssh", "-o", f"ControlPath={control_path(connection)}", "-O", "exit", connection.address],
+                       capture_output=True, timeout=10)
 
 
 def connect(alias: str, config: Path) -> str | None:

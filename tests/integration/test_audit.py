@@ -15,8 +15,8 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from provisioner.apply import apply_spec
-from provisioner.audit.expectations import spec_targets
-from provisioner.audit.runner import HostReport, audit_hosts, exit_code
+from provisioner.audit.expectations import Connection, spec_targets
+from provisioner.audit.runner import HostReport, audit_hosts, disconnect, exit_code
 from provisioner.spec import load_spec
 from tests.lab.specs import fake_gpu_uuid, host_entry, install_standin, instance_entry, write_spec
 
@@ -55,15 +55,38 @@ def not_passed(report: HostReport) -> dict[str, tuple[str, str]]:
     return {check.check: (check.expected, check.actual) for check in report.checks if check.status not in ("passed", "n/a")}
 
 
+def lab_connection(host) -> Connection:
+    return Connection(host.address, "root", 22, str(host.ssh_key), str(host.known_hosts))
+
+
+@pytest.fixture
+def audited_boot(lab):
+    """boot(n) -> n fresh hosts, removed afterwards. Named au<n>, not t<n>: nspawn names each host's veth
+    after it, so labs side by side on one machine must not share host names. The audit's SSH masters to
+    them are closed first: a master left on a vanished container keeps its network namespace for minutes."""
+    booted = []
+
+    def _boot(count: int = 1):
+        hosts = lab.boot_many([f"au{lab.boot_count + index}" for index in range(count)])
+        booted.extend(hosts)
+        return hosts
+
+    yield _boot
+    disconnect([lab_connection(host) for host in booted])
+    for host in booted:
+        lab.destroy(host)
+
+
 @pytest.fixture(scope="module")
 def applied(lab, tmp_path_factory):
     """One host with the spec applied (an instance with an API key); tests here only read it."""
-    (host,) = lab.boot_many([f"t{lab.boot_count}"])
+    (host,) = lab.boot_many([f"au{lab.boot_count}"])
     folder = tmp_path_factory.mktemp("applied")
     key_file = folder / "chat.key"
     key_file.write_text("sk-audit-secret-42\n")
     spec = applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
     yield host, spec, folder
+    disconnect([lab_connection(host)])
     lab.destroy(host)
 
 
@@ -125,8 +148,8 @@ def test_unreachable_host_exits_2_and_the_other_host_is_still_audited(applied, l
     assert len(report["hosts"][host.name]["checks"]) >= 40
 
 
-def test_each_planted_drift_fails_exactly_its_check_and_apply_repairs_it(boot, tmp_path):
-    (host,) = boot(1)
+def test_each_planted_drift_fails_exactly_its_check_and_apply_repairs_it(audited_boot, tmp_path):
+    (host,) = audited_boot(1)
     key_file = tmp_path / "chat.key"
     key_file.write_text("sk-audit-secret-42\n")
     spec = applied_spec([host], tmp_path / "spec.yml", api_key_file=str(key_file))
@@ -181,8 +204,8 @@ WantedBy=multi-user.target
 """
 
 
-def test_profile_mode_on_a_server_we_did_not_build(boot, tmp_path):
-    (host,) = boot(1)
+def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
+    (host,) = audited_boot(1)
     install_standin(host)
     unit_file = tmp_path / "my-llm.service"
     unit_file.write_text(HAND_WRITTEN_UNIT)

@@ -38,7 +38,7 @@ SUPERVISOR = r"""
 for hierarchy in {hierarchies}; do echo $$ > /sys/fs/cgroup/$hierarchy/{cgroup}/cgroup.procs; done
 while true; do
   systemd-nspawn --quiet --boot --register=no --keep-unit --console=read-only \
-    --machine={name} --directory={root} --network-bridge={bridge}
+    --machine={machine} --directory={root} --network-bridge={bridge}
   status=$?
   [ "$status" -eq {reboot_exit} ] || exit "$status"
   echo "--- reboot ---"
@@ -256,7 +256,8 @@ class Lab:
         script = SUPERVISOR.format(
             hierarchies=" ".join(CGROUP_HIERARCHIES),
             cgroup=host.cgroup,
-            name=host.name,
+            # the host-side veth is named after the machine (vb-<machine>): unique per lab
+            machine=f"{self.bridge[2:]}{host.name}",
             root=host.root,
             bridge=self.bridge,
             reboot_exit=NSPAWN_REBOOT_EXIT,

@@ -1,4 +1,4 @@
-"""Audit exit codes and reports: Rich table, JUnit XML (n/a as skipped), JSON."""
+"""Audit exit codes and reports (Rich table, JUnit XML with n/a as skipped, JSON), and the SSH masters."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 from provisioner.audit.report import host_table, summary, write_json, write_junit
-from provisioner.audit.runner import CheckResult, HostReport, exit_code
+from provisioner.audit.expectations import Connection
+from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, ssh_config_block
 
 
 def report(host: str, *statuses: str, error: str | None = None) -> HostReport:
@@ -67,3 +68,15 @@ def test_json_has_the_exit_code_and_every_check(tmp_path):
     assert [check["status"] for check in data["hosts"]["a"]["checks"]] == ["passed", "failed"]
     assert data["hosts"]["a"]["checks"][1] | {"id": ""} == {
         "host": "a", "check": "check 1", "expected": "1", "actual": "60", "status": "failed", "message": "", "id": ""}
+
+
+def test_one_master_socket_per_connection_never_shared_with_another_key_or_host():
+    connection = Connection("192.0.2.1", "root", 22, "/keys/a", "/lab/known_hosts")
+    block = ssh_config_block("ws1", connection)
+    assert block.startswith("Host ws1\n  HostName 192.0.2.1\n")
+    for option in ("ControlMaster auto", f'ControlPath "{control_path(connection)}"', "ControlPersist 120s",
+                   "BatchMode yes", 'UserKnownHostsFile "/lab/known_hosts"', "StrictHostKeyChecking yes"):
+        assert f"  {option}\n" in block
+    assert control_path(connection) == control_path(Connection("192.0.2.1", "root", 22, "/keys/a", "/lab/known_hosts"))
+    assert control_path(connection) != control_path(Connection("192.0.2.1", "root", 22, "/keys/a", "/other/known_hosts"))
+    assert control_path(connection) != control_path(Connection("192.0.2.2", "root", 22, "/keys/a", "/lab/known_hosts"))
