@@ -26,8 +26,7 @@ RESULT_EVENTS = {
     "runner_on_failed": "failed",
     "runner_on_unreachable": "unreachable",
     "runner_on_skipped": "skipped",
-    "runner_item_on_failed": None,  # reported again by runner_on_failed
-}
+}  # other events (task starts, per-item results that runner_on_* repeats) are not task results
 
 
 @dataclass
@@ -129,20 +128,19 @@ def unified_diff(entry: dict) -> str:
 
 
 def _stats(event: dict) -> dict[str, HostStats]:
-    data = event.get("event_data", {})
-    hosts = set()
-    for key in ("ok", "changed", "failures", "dark", "skipped", "processed"):
-        hosts.update((data.get(key) or {}).keys())
+    counts = {key: event.get("event_data", {}).get(key) or {}
+              for key in ("ok", "changed", "failures", "dark", "skipped", "processed")}
+    hosts = sorted(set().union(*counts.values()))
     return {
         host: HostStats(
             # Ansible's "ok" counts changed tasks too; report them apart
-            ok=(data.get("ok") or {}).get(host, 0) - (data.get("changed") or {}).get(host, 0),
-            changed=(data.get("changed") or {}).get(host, 0),
-            failed=(data.get("failures") or {}).get(host, 0),
-            unreachable=(data.get("dark") or {}).get(host, 0),
-            skipped=(data.get("skipped") or {}).get(host, 0),
+            ok=counts["ok"].get(host, 0) - counts["changed"].get(host, 0),
+            changed=counts["changed"].get(host, 0),
+            failed=counts["failures"].get(host, 0),
+            unreachable=counts["dark"].get(host, 0),
+            skipped=counts["skipped"].get(host, 0),
         )
-        for host in sorted(hosts)
+        for host in hosts
     }
 
 
@@ -177,7 +175,8 @@ def run_playbook(
         options.append("--check")
     if diff:
         options.append("--diff")
-    playbook_binary = Path(sys.executable).parent / "ansible-playbook"
+    # ansible-runner starts ansible-playbook from PATH: the one installed beside this Python
+    venv_bin = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="provision-run-") as private_dir:
         runner = ansible_runner.run(
             private_data_dir=private_dir,
@@ -188,7 +187,7 @@ def run_playbook(
             envvars={
                 "ANSIBLE_CONFIG": str(paths.ansible_cfg()),
                 "ANSIBLE_FORCE_COLOR": "0",
-                "PATH": f"{playbook_binary.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             },
             event_handler=handle,
             quiet=True,
