@@ -24,7 +24,7 @@ from provisioner.inventory import host_vars
 from provisioner.paths import role_dir
 from provisioner.spec import Host, Instance, Spec
 
-ROLES = ("sysctl", "nouveau", "shm", "vllm_service")
+ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_service")  # site.yml's order
 UNIT_TEMPLATE = "vllm-instance.service.j2"
 ENV_TEMPLATE = "vllm-instance.env.j2"
 NOUVEAU_TEMPLATES = ("blacklist-nouveau.conf.j2", "grub-nouveau.cfg.j2")

@@ -19,6 +19,7 @@ import pytest
 NOT_APPLICABLE = "not applicable:"
 UNSET = "(unset)"
 ABSENT = "(absent)"
+REPORTED = {"expected": "(reported)", "pattern": ""}  # a value shown for people, not compared
 
 
 class Drift(AssertionError):

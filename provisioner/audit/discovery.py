@@ -2,18 +2,19 @@
 
 Units: any systemd service whose ExecStart runs `vllm serve` (or `python -m vllm.entrypoints…`),
 whatever its name. Containers: those docker or podman (where the CLI exists) runs from a vLLM image
-or command. One SSH round trip, through the host's ControlMaster.
+or command. GPUs: the indexes nvidia-smi lists (their checks follow the profile). One SSH round trip, through the host's ControlMaster.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import testinfra
 
 from provisioner.audit.expectations import is_vllm_command
-from provisioner.audit.suite.facts import run_commands
+from provisioner.audit.suite.facts import Output, run_commands
 from provisioner.audit.text import show_blocks, shown_argv
 
 CONTAINER_TOOLS = ("docker", "podman")
@@ -23,20 +24,37 @@ UNITS_COMMAND = (
     " | awk '{print $1}' | grep -v '@\\.service$' | sort -u );"
     " systemctl show --no-pager -p Id -p FragmentPath -p ExecStart $units"
 )
+GPUS_COMMAND = "command -v {smi} >/dev/null || exit 3; {smi} --query-gpu=index --format=csv,noheader"
 CONTAINERS_COMMAND = "command -v {tool} >/dev/null || exit 3; ids=$({tool} ps -q); [ -z \"$ids\" ] || {tool} inspect $ids"
 
 
-def discover(host: testinfra.host.Host) -> dict[str, Any]:
-    commands = {"units": UNITS_COMMAND, **{tool: CONTAINERS_COMMAND.format(tool=tool) for tool in CONTAINER_TOOLS}}
+def discover(host: testinfra.host.Host, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
+    commands = {
+        "units": UNITS_COMMAND,
+        "gpus": GPUS_COMMAND.format(smi=shlex.quote(nvidia_smi)),
+        **{tool: CONTAINERS_COMMAND.format(tool=tool) for tool in CONTAINER_TOOLS},
+    }
     out = run_commands(host, commands)
     tools = [tool for tool in CONTAINER_TOOLS if out[tool].rc != 3]
     return {
         "units": vllm_units(out["units"].text),
+        "gpus": gpu_indexes(out["gpus"], nvidia_smi),
         "container_tools": tools,
         "containers": [
             container for tool in tools if out[tool].rc == 0 for container in vllm_containers(tool, out[tool].text)
         ],
     }
+
+
+def gpu_indexes(out: Output, nvidia_smi: str) -> dict[str, Any]:
+    """{"indexes": the GPUs nvidia-smi lists, "problem": why none could be listed, or None}."""
+    if out.rc == 3:
+        return {"indexes": [], "problem": f"no {nvidia_smi} on the PATH"}
+    if out.rc != 0:
+        lines = out.text.strip().splitlines()
+        return {"indexes": [], "problem": f"{nvidia_smi} exited {out.rc}: {lines[0] if lines else 'no output'}"}
+    indexes = [int(line) for line in out.text.split()]
+    return {"indexes": indexes, "problem": None if indexes else f"{nvidia_smi} lists no GPU"}
 
 
 def vllm_units(show_output: str) -> list[dict[str, Any]]:

@@ -107,10 +107,22 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "sysctl": {"file": plan.sysctl_file.path, "settings": sysctl_settings(plan.sysctl_file.content)},
         "nouveau": nouveau,
         "shm": shm,
+        "gpu": gpu_expectations(variables, variables["nvidia_gpu_devices"]) if variables["nvidia_gpu_devices"] else None,
         "units": [
             unit_expectations(variables, unit, variables["vllm_service_instances"][index])
             for index, unit in enumerate(plan.units)
         ],
+    }
+
+
+def gpu_expectations(variables: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The nvidia_gpu role's variables the GPU checks (provisioner/gpu/checks.py) compare a host with;
+    spec mode: the role's own devices (None where it sets none); profile mode: the GPUs discovery found."""
+    return {
+        "nvidia_smi": variables["nvidia_gpu_nvidia_smi"],
+        "expected_count": variables["nvidia_gpu_expected_count"],
+        "persistence_mode": variables["nvidia_gpu_persistence_mode"],
+        "devices": devices,
     }
 
 
@@ -276,14 +288,23 @@ def load_profile(name: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+def profile_variables(profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile's host values over the role defaults: the variables a host like it would get."""
+    return {**role_defaults(), **profile["host"]}
+
+
 def profile_expectations(profile: dict[str, Any], discovered: dict[str, Any]) -> dict[str, Any]:
     """The profile's values for the host, and its unit rules applied to each discovered vLLM unit."""
-    variables = {**role_defaults(), **profile["host"]}
+    variables = profile_variables(profile)
     rules = profile["unit"]
+    indexes = discovered["gpus"]["indexes"]
     return {
         "sysctl": {"file": None, "settings": {key: str(value) for key, value in variables["sysctl_settings"].items()}},
         "nouveau": nouveau_expectations(variables),
         "shm": shm_expectations(variables.get("shm_size_min"), exact=False),
+        # a device with no power_limit: the limit is reported, not checked (we do not know what it should be)
+        "gpu": gpu_expectations(variables, [{"index": index} for index in indexes]) if indexes else None,
+        "gpus_found": discovered["gpus"],
         "units": [profile_unit(unit, rules) for unit in discovered["units"]],
         "containers": {
             "tools": discovered["container_tools"],

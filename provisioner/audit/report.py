@@ -24,12 +24,17 @@ def summary(report: HostReport) -> str:
     return f"{report.status}: {counts or 'no checks'}"
 
 
-def host_table(report: HostReport) -> Table:
+def host_table(report: HostReport, every_check: bool = False) -> Table | Text:
+    """The host's checks that did not pass (every check with `every_check`) under its summary line;
+    the summary line alone when there are none to show."""
     title = f"{report.host} ({report.address}) — {summary(report)}"
+    shown = [check for check in report.checks if every_check or check.status in ("failed", "error")]
+    if not shown:
+        return Text(title, style="green" if report.status == "passed" else "")
     table = Table(title=title, title_justify="left", min_width=len(title))
     for column in ("check", "expected", "actual", "status"):
         table.add_column(column, overflow="fold")
-    for check in report.checks:
+    for check in shown:
         table.add_row(Text(check.check), Text(check.expected), Text(check.actual),
                       Text(check.status, style=STATUS_STYLE.get(check.status, "")))
     return table

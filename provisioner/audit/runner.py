@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.audit.expectations import Connection, Target, profile_expectations
+from provisioner.audit.expectations import Connection, Target, profile_expectations, profile_variables
 from provisioner.audit.text import PROGRESS_PREFIX
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
@@ -175,7 +175,8 @@ def discover_into(target: Target, config: Path, profile: dict[str, Any]) -> str 
     from provisioner.audit.discovery import discover
 
     try:
-        discovered = discover(testinfra_host(target.name, config, target.connection.sudo))
+        nvidia_smi = profile_variables(profile)["nvidia_gpu_nvidia_smi"]
+        discovered = discover(testinfra_host(target.name, config, target.connection.sudo), nvidia_smi)
     except Exception as error:  # the host answered ssh but not discovery: it could not be audited
         return f"discovery failed: {error}"
     target.expected = profile_expectations(profile, discovered)

@@ -31,8 +31,11 @@ def audit(
         "--profile", help="Recommended values to check --host against (provisioner/audit/profiles).")] = "recommended",
     junit: Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.")] = None,
     json_file: Annotated[Path | None, typer.Option("--json", help="Also write a JSON report here.")] = None,
+    every_check: Annotated[bool, typer.Option(
+        "--all", help="Show every check (passed, n/a, reported values), not only the ones that failed.")] = False,
 ) -> None:
-    """Audit what apply set: a table per host (check, expected, actual, status).
+    """Audit what apply set: per host a summary and a table (check, expected, actual, status) of
+    what failed (--all: of every check); the JUnit and JSON reports always hold every check.
 
     Exit 0: every check passed (n/a allowed); 1: drift found; 2: the audit could not run on a host.
     """
@@ -51,7 +54,7 @@ def audit(
         if report.error is not None:
             console.print(f"[bold red]{escape(report.host)} ({escape(report.address)}): {escape(summary(report))}[/]")
         else:
-            console.print(host_table(report))
+            console.print(host_table(report, every_check))
     if junit:
         write_junit(reports, junit)
     if json_file:

@@ -25,6 +25,7 @@ from provisioner.gpu.shared import gpu_settings
 # Active reasons that do not hold a working GPU back.
 HARMLESS_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
 ABSENT = "(absent)"
+REPORTED = "(reported)"  # the expected value of a value shown, not compared
 UNKNOWN = "(not reported)"
 
 
@@ -58,18 +59,37 @@ def gpu_checks(
 
 def device_checks(gpu: Gpu | None, device: Mapping[str, Any]) -> list[Check]:
     """A listed device: model, UUID, power limit; each fails with actual '(absent)' when the GPU is not there."""
-    label = f"GPU {device['index']}"
-    checks = []
-    for field, fact in (("model", "name"), ("uuid", "uuid")):
-        if device.get(field):
-            actual = ABSENT if gpu is None else str(getattr(gpu, fact))
-            checks.append(Check(f"{label} {field}", device[field], actual, actual == device[field]))
-    target = device.get("power_limit", "default")
+    return [model_check(gpu, device), uuid_check(gpu, device), power_limit_check(gpu, device)]
+
+
+def model_check(gpu: Gpu | None, device: Mapping[str, Any]) -> Check:
+    return _listed_check(gpu, device, "model", "name")
+
+
+def uuid_check(gpu: Gpu | None, device: Mapping[str, Any]) -> Check:
+    return _listed_check(gpu, device, "uuid", "uuid")
+
+
+def _listed_check(gpu: Gpu | None, device: Mapping[str, Any], field: str, fact: str) -> Check:
+    """The device's listed `field` against the GPU's `fact`; reported (not compared) when the device lists none."""
+    actual = ABSENT if gpu is None else str(getattr(gpu, fact))
+    if not device.get(field):
+        return Check(f"GPU {device['index']} {field}", REPORTED, actual, gpu is not None)
+    return Check(f"GPU {device['index']} {field}", device[field], actual, actual == device[field])
+
+
+def power_limit_check(gpu: Gpu | None, device: Mapping[str, Any]) -> Check:
+    target = device.get("power_limit", "default")  # the role's default
     if gpu is None:
-        checks.append(Check(f"{label} power limit", str(target), ABSENT, False))
-    else:
-        checks.append(power_check(gpu, target))
-    return checks
+        return Check(f"GPU {device['index']} power limit", str(target), ABSENT, False)
+    return power_check(gpu, target)
+
+
+def power_limit_report(gpu: Gpu) -> Check:
+    """The power limit and the card's range, for a GPU with no target (passes: nothing to compare with)."""
+    actual = f"{_watts(gpu.power_limit_w)} (card: {_watts(gpu.power_min_w)} to {_watts(gpu.power_max_w)}, " \
+             f"default {_watts(gpu.power_default_w)})"
+    return Check(f"GPU {gpu.index} power limit", REPORTED, actual, True)
 
 
 def power_check(gpu: Gpu, target: Any) -> Check:

@@ -26,6 +26,8 @@ CONTAINER_NOT_APPLICABLE = {
     "kernel cmdline: nouveau flags", "reboot pending for nouveau",
 }
 UNIT = "vllm-chat.service"
+GPU_CHECKS = ("GPU count", "GPU 0 model", "GPU 0 uuid", "GPU 0 power limit", "GPU 0 persistence mode",
+              "GPU 0 PCIe link width", "GPU 0 PCIe link generation", "GPU 0 throttle reasons")
 # the checks that fail along with "active" whenever the instance's server is not running
 SERVER_DOWN = {f"{UNIT}: listening", f"{UNIT}: GET /health", f"{UNIT}: GET /v1/models"}
 
@@ -102,8 +104,14 @@ def test_audit_passes_right_after_apply(applied):
     assert set(statuses.values()) == {"passed", "n/a"}
     for name in (f"{UNIT}: User", f"{UNIT}: NoNewPrivileges", f"{UNIT}: ProtectSystem", f"{UNIT}: ExecStart",
                  f"{UNIT}: EnvironmentFile mode", f"{UNIT}: EnvironmentFile owner", f"{UNIT}: GET /v1/models",
-                 f"{UNIT}: Environment CUDA_VISIBLE_DEVICES", f"{UNIT}: listening", "/dev/shm size", "sysctl file: vm.swappiness"):
+                 f"{UNIT}: Environment CUDA_VISIBLE_DEVICES", f"{UNIT}: listening", "/dev/shm size", "sysctl file: vm.swappiness",
+                 *GPU_CHECKS):
         assert statuses[name] == "passed", name
+    gpu = {check["check"]: check["actual"] for check in checks if check["check"].startswith("GPU")}
+    # read through the TEST DOUBLE nvidia-smi (the RTX 3090 fixture) after the role set it: max is 400 W
+    assert gpu["GPU 0 power limit"] == "400 W" and gpu["GPU 0 persistence mode"] == "on"
+    assert gpu["GPU 0 uuid"] == fake_gpu_uuid(host) and gpu["GPU count"] == "1"
+    assert gpu["GPU 0 PCIe link generation"].startswith("gen 1 (idle")  # the fixture's idle card
     assert f"{host.name} ({host.address})" in result.stdout and "sk-audit-secret" not in result.stdout
     suite = ElementTree.parse(folder / "audit.xml").getroot().find("testsuite")
     assert (suite.get("name"), suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
@@ -128,6 +136,11 @@ def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
     assert checks[f"{UNIT}: listening"]["actual"] == f"{host.address}:8000"
     assert checks["sysctl configured: vm.swappiness"]["status"] == "passed"
     assert checks["sysctl live: vm.swappiness"]["status"] == "n/a"
+    assert checks["GPUs"]["actual"] == "GPU 0"
+    assert checks["GPU 0 power limit"]["actual"] == "400 W (card: 100 W to 400 W, default 350 W)"  # reported
+    assert checks["GPU 0 persistence mode"]["status"] == "passed"
+    assert checks["GPU 0 uuid"]["actual"] == fake_gpu_uuid(host)  # reported: nothing to compare it with
+    assert checks["GPU count"]["actual"] == "1"
 
 
 def test_unreachable_host_exits_2_and_the_other_host_is_still_audited(applied, lab, tmp_path):
@@ -167,6 +180,9 @@ def test_each_planted_drift_fails_exactly_its_check_and_apply_repairs_it(audited
          f"{UNIT}: Environment CUDA_VISIBLE_DEVICES", fake_gpu_uuid(host), "0"),
         (f"sed -i 's/--block-size 16/--block-size 16 --unknown-flag/' {unit_file} && {reload_and_restart}",
          f"{UNIT}: ExecStart", f"{command_line} --max-model-len 4096", f"{command_line} --unknown-flag --max-model-len 4096"),
+        # through the TEST DOUBLE nvidia-smi, whose state the audit reads back
+        ("nvidia-smi -pl 300", "GPU 0 power limit", "max = 400 W ±1 W", "300 W"),
+        ("nvidia-smi -pm 0", "GPU 0 persistence mode", "on", "off"),
         (f"systemctl stop {UNIT}", f"{UNIT}: active", "active", "inactive (dead)"),
     ]
     failing: set[str] = set()
@@ -225,6 +241,8 @@ def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
     assert failed["my-llm.service: Environment CUDA_VISIBLE_DEVICES"] == "0"
     assert failed["my-llm.service: Restart"] == "no"
     assert failed["my-llm.service: NoNewPrivileges"] == "no"
+    assert failed["GPU 0 persistence mode"] == "off"  # the TEST DOUBLE nvidia-smi's card, as it comes up
+    assert checks["GPU 0 power limit"]["actual"] == "350 W (card: 100 W to 400 W, default 350 W)"
     assert "--api-key <redacted>" in failed["my-llm.service: ExecStart"]
     assert "sk-hand-written" not in result.stdout + json.dumps(report)
     # what it serves is reported, and answers (the API key is read from the process on the host)

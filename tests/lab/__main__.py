@@ -1,6 +1,6 @@
 """The lab from the command line.
 
-  python -m tests.lab demo      boot a test host, plan + apply the example spec to it, show the result
+  python -m tests.lab demo      boot a test host, plan + apply the example spec to it, audit it, drift it, audit, repair
   python -m tests.lab cleanup   remove what a killed lab left behind (containers, overlays, cgroups, bridge)
 """
 
@@ -62,6 +62,16 @@ def demo() -> int:
         with urllib.request.urlopen(f"http://{host.address}:8000/v1/models", timeout=5) as response:
             print(json.dumps(json.load(response), indent=2))
         print(host.ssh("systemctl status vllm-qwen7b.service --no-pager | head -5").stdout)
+        step("audit (must pass)")
+        if provision("audit", str(spec)) != 0:
+            return 1
+        step("drift: someone caps the GPU at 300 W and stops the server; the audit names both (exit 1)")
+        host.ssh("nvidia-smi -pl 300 && systemctl stop vllm-qwen7b.service")
+        if provision("audit", str(spec)) != 1:
+            return 1
+        step("apply repairs it; the audit passes again")
+        if provision("apply", str(spec)) != 0 or provision("audit", str(spec)) != 0:
+            return 1
     print(f"\ndemo done in {time.monotonic() - started:.1f} s; the lab is torn down")
     return 0
 

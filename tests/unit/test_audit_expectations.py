@@ -14,6 +14,7 @@ from provisioner.audit.expectations import (
     spec_targets,
     time_span,
 )
+from provisioner.inventory import host_vars
 from provisioner.paths import EXAMPLES_DIR
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec, validate_spec
@@ -134,6 +135,7 @@ def test_profile_expectations_apply_the_profile_to_what_was_discovered():
     discovered = {
         "units": [{"name": "llm.service", "fragment": "/etc/systemd/system/llm.service",
                    "argv": ["/usr/bin/vllm", "serve", "m", "--port", "8100"]}],
+        "gpus": {"indexes": [0, 1], "problem": None},
         "container_tools": ["docker"],
         "containers": [{"name": "v", "tool": "docker", "image": "vllm/vllm-openai", "ports": [], "shm_bytes": 67108864,
                         "argv": ["vllm", "serve", "m", "--api-key", "sk-x"],
@@ -150,6 +152,30 @@ def test_profile_expectations_apply_the_profile_to_what_was_discovered():
     assert container["environment"] == {"CUDA_VISIBLE_DEVICES": "0"}  # HF_TOKEN dropped: not asked about
     assert container["command_line"] == "vllm serve m --api-key <redacted>"
     assert "sk-x" not in json.dumps(expected) and "hf_secret" not in json.dumps(expected)
+    # the GPUs nvidia-smi listed, with no power target (a server we did not build states none)
+    assert expected["gpu"] == {"nvidia_smi": "nvidia-smi", "expected_count": None, "persistence_mode": True,
+                               "devices": [{"index": 0}, {"index": 1}]}
+    no_gpus = {**discovered, "gpus": {"indexes": [], "problem": "no nvidia-smi on the PATH"}}
+    assert profile_expectations(profile, no_gpus)["gpu"] is None  # nothing to read, no GPU rows
+
+
+def test_gpu_expectations_are_the_nvidia_gpu_roles_variables(seed1):
+    spec, target = seed1
+    variables = host_vars(spec.hosts[0], spec.instances)
+    assert target.expected["gpu"] == {
+        "nvidia_smi": "nvidia-smi",  # the role's default
+        "expected_count": variables["nvidia_gpu_expected_count"],
+        "persistence_mode": variables["nvidia_gpu_persistence_mode"],
+        "devices": variables["nvidia_gpu_devices"],
+    }
+    assert target.expected["gpu"]["devices"] == [
+        {"index": 0, "uuid": SEED1_UUID, "model": "NVIDIA GeForce RTX 3090", "power_limit": "default"}]
+
+
+def test_a_host_whose_spec_lists_no_gpu_has_no_gpu_checks():
+    data = spec_data(hosts=[host("bare", gpus={"devices": []})], instances=[])
+    (target,) = spec_targets(validate_spec(data))
+    assert target.expected["gpu"] is None
 
 
 def test_an_unknown_profile_names_the_known_ones():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -31,14 +32,26 @@ def test_exit_code_0_all_passed_1_drift_2_could_not_run(reports, code):
     assert exit_code({r.host: r for r in reports}) == code
 
 
-def test_table_shows_check_expected_actual_status_and_a_summary():
+def shown(table) -> str:
     console = Console(record=True, width=200)
-    console.print(host_table(report("ws1", "passed", "failed", "n/a")))
-    text = console.export_text()
+    console.print(table)
+    return console.export_text()
+
+
+def test_table_shows_check_expected_actual_status_and_a_summary():
+    text = shown(host_table(report("ws1", "passed", "failed", "n/a"), every_check=True))
     assert "ws1 (192.0.2.1) — drift: 1 passed, 1 failed, 1 n/a" in text
     assert all(column in text for column in ("check", "expected", "actual", "status"))
     row = next(line for line in text.splitlines() if "check 1" in line)
     assert [cell.strip() for cell in row.split("│")[1:5]] == ["check 1", "1", "60", "failed"]
+    assert "check 0" in text and "check 2" in text
+
+
+def test_by_default_only_what_did_not_pass_is_shown_under_the_summary():
+    text = shown(host_table(report("ws1", "passed", "failed", "n/a", "error")))
+    assert "ws1 (192.0.2.1) — could not run: 1 passed, 1 failed, 1 n/a, 1 error" in text  # a check errored
+    assert re.findall(r"check \d", text) == ["check 1", "check 3"]
+    assert shown(host_table(report("ws2", "passed", "n/a"))).strip() == "ws2 (192.0.2.1) — passed: 1 passed, 1 n/a"
 
 
 def test_summary_of_a_host_that_could_not_run_says_why():

@@ -12,11 +12,21 @@ from pathlib import Path
 import pytest
 
 from provisioner.audit.checks import Audit, Drift
-from provisioner.audit.discovery import vllm_containers, vllm_units
+from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
 from provisioner.audit.expectations import is_vllm_command
-from provisioner.audit.suite.facts import HTTP_PROBE, HTTPS_PROBE, Output, http_answers, parse_outputs, parse_unit
+from provisioner.audit.suite.facts import (
+    HTTP_PROBE,
+    HTTPS_PROBE,
+    Output,
+    host_commands,
+    http_answers,
+    parse_gpu,
+    parse_outputs,
+    parse_unit,
+)
 from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command, sysctl_settings
 
+GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 STANDIN = Path(__file__).resolve().parents[1] / "doubles" / "vllm_standin.py"
 EXEC_START = ("{ path=/opt/vllm/venv/bin/vllm ; argv[]=/opt/vllm/venv/bin/vllm serve m --port 8000 ; "
               "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")
@@ -189,3 +199,44 @@ def test_the_probes_say_why_when_nothing_answers(standin_server, scheme):
     answers = probe(scheme, closed)
     assert "Connection refused" in answers["/health"]["error"]
     assert "Connection refused" in answers["/v1/models"]["error"]
+
+
+def test_gpu_facts_come_from_the_recorded_h200_query_as_the_module_reads_it():
+    recorded = (GPU_FIXTURES / "h200x2" / "query-gpu.csv").read_text()
+    facts, problem = parse_gpu(Output(recorded, 0), "nvidia-smi")
+    assert problem is None and facts.source == "nvidia-smi" and facts.driver_version == "580.159.04"
+    assert [(gpu.index, gpu.name, gpu.power_limit_w, gpu.persistence_mode) for gpu in facts.gpus] == [
+        (0, "NVIDIA H200", 700.0, True), (1, "NVIDIA H200", 700.0, True)]
+    assert facts.gpus[0].uuid == "GPU-4b0b4056-7044-6b7c-5c07-ac8934fd439c"
+    assert facts.links == (facts.link(0, 1),) and facts.link(0, 1).p2p is None  # the audit reads no topology
+
+
+@pytest.mark.parametrize("out, problem", [
+    (Output("bash: line 9: nvidia-smi: command not found", 127), "nvidia-smi not on the PATH"),
+    (Output("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", 9),
+     "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."),
+    (Output("index, uuid\n0, GPU-1, extra", 0), "nvidia-smi: "),
+])
+def test_unreadable_gpu_facts_say_why(out, problem):
+    facts, why = parse_gpu(out, "nvidia-smi")
+    assert facts is None and why.startswith(problem)
+
+
+def test_gpu_facts_are_read_only_where_gpus_are_expected():
+    expected = {"sysctl": {"file": None, "settings": {}}, "nouveau": {"enabled": False}, "shm": {}, "units": [],
+                "gpu": None}
+    assert "gpu" not in host_commands(expected)
+    expected["gpu"] = {"nvidia_smi": "/opt/nv/bin/nvidia-smi", "devices": [{"index": 0}]}
+    assert host_commands(expected)["gpu"].startswith("/opt/nv/bin/nvidia-smi --query-gpu=index,uuid,name,")
+
+
+@pytest.mark.parametrize("out, found", [
+    (Output("0\n1\n", 0), {"indexes": [0, 1], "problem": None}),
+    (Output("", 3), {"indexes": [], "problem": "no nvidia-smi on the PATH"}),
+    (Output("", 0), {"indexes": [], "problem": "nvidia-smi lists no GPU"}),
+    (Output("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", 9),
+     {"indexes": [], "problem": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate "
+                                "with the NVIDIA driver."}),
+])
+def test_discovery_lists_the_gpus_nvidia_smi_sees(out, found):
+    assert gpu_indexes(out, "nvidia-smi") == found

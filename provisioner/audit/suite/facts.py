@@ -17,6 +17,8 @@ from typing import Any
 import testinfra
 
 from provisioner.audit.text import environment_words, shown_argv, sysctl_settings
+from provisioner.gpu.facts import GpuFacts, facts_from_data
+from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
 
 HTTP_PROBE = Path(__file__).with_name("http_probe.sh")  # bash /dev/tcp: plain http
 HTTPS_PROBE = Path(__file__).with_name("http_probe.py")  # python's ssl: https
@@ -66,6 +68,8 @@ class HostFacts:
     page_size: int
     listening: set[str]
     units: dict[str, UnitFacts] = field(default_factory=dict)
+    gpu: GpuFacts | None = None  # read when GPUs are expected
+    gpu_problem: str | None = None  # why they could not be read
 
 
 def read_facts(host: testinfra.host.Host, expected: dict[str, Any]) -> HostFacts:
@@ -115,6 +119,9 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         commands["reboot"] = f"cat {shlex.quote(nouveau['reboot_marker']['path'])}"
     for index, unit in enumerate(expected["units"]):
         commands.update(unit_commands(index, unit))
+    if expected.get("gpu"):
+        # the query alone: the checks need no topology (read_smi_facts leaves the links unknown)
+        commands["gpu"] = shlex.join([expected["gpu"]["nvidia_smi"], *query_arguments()])
     return commands
 
 
@@ -179,7 +186,27 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     )
     for index, unit in enumerate(expected["units"]):
         facts.units[unit["name"]] = parse_unit(index, out)
+    if "gpu" in out:
+        facts.gpu, facts.gpu_problem = parse_gpu(out["gpu"], expected["gpu"]["nvidia_smi"])
     return facts
+
+
+def parse_gpu(out: Output, nvidia_smi: str) -> tuple[GpuFacts | None, str | None]:
+    """The GPU facts of `nvidia-smi --query-gpu` (the module's own parser), or why there are none."""
+    if out.rc != 0:
+        lines = out.text.strip().splitlines()
+        why = "not on the PATH" if out.rc == 127 else f"exited {out.rc}: {lines[-1] if lines else 'no output'}"
+        return None, f"{nvidia_smi} {why}"
+
+    def answer(arguments: list[str]) -> str:
+        if arguments != query_arguments():
+            raise SmiError("the audit reads no topology")
+        return out.text
+
+    try:
+        return facts_from_data(read_smi_facts(answer)), None
+    except SmiError as error:
+        return None, f"{nvidia_smi}: {error}"
 
 
 def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:

@@ -5,9 +5,7 @@ the environment the rules ask about) is reported; the profile's rules apply to t
 Spec mode has no discovery: these checks do not run there.
 """
 
-from provisioner.audit.checks import UNSET, each
-
-REPORTED = {"expected": "(reported)", "pattern": ""}
+from provisioner.audit.checks import REPORTED, UNSET, each
 
 discovery = each(lambda expected: [expected] if "containers" in expected else [], ids=lambda _: "discovery")
 containers = each(lambda expected: expected.get("containers", {}).get("found", []), ids=lambda found: found["name"])
@@ -28,6 +26,12 @@ def per_container_rule(key: str):
 def test_units_found(case, audit):
     names = [unit["name"] for unit in case.item["units"]]
     audit.expect("vLLM units", REPORTED, names or "none found")
+
+
+@discovery
+def test_gpus_found(case, audit):
+    found = case.item["gpus_found"]
+    audit.expect("GPUs", REPORTED, [f"GPU {index}" for index in found["indexes"]] or f"none found ({found['problem']})")
 
 
 @discovery

@@ -1,0 +1,89 @@
+"""The host's NVIDIA GPUs (role nvidia_gpu): count, model, UUID, power limit, persistence mode, PCIe link, throttling.
+
+The comparisons are provisioner/gpu/checks.py's (one Check each); here each becomes one audit row.
+Spec mode checks the GPUs the spec lists; profile mode the GPUs nvidia-smi lists (their model, UUID
+and power limit are reported, not compared: a server we did not build states no target).
+"""
+
+from provisioner.audit.checks import ABSENT, REPORTED, each
+from provisioner.gpu import checks as gpu
+
+host_gpus = each(lambda expected: [expected["gpu"]] if expected.get("gpu") else [], ids=lambda _: "gpus")
+devices = each(lambda expected: (expected.get("gpu") or {}).get("devices", []), ids=lambda device: f"gpu{device['index']}")
+
+
+def record(audit, check: gpu.Check) -> None:
+    audit.expect(check.name, check.expected, check.actual, passed=check.passed)
+
+
+def gpu_of(facts, audit, check: str, expected: str, index: int):
+    """The GPU at `index` in the host's facts; fails the check when the facts or the GPU are missing."""
+    if facts.gpu is None:
+        audit.expect(check, expected, f"(unreadable: {facts.gpu_problem})", passed=False)
+    found = facts.gpu.gpu(index)
+    if found is None:
+        audit.expect(check, expected, ABSENT, passed=False)
+    return found
+
+
+@host_gpus
+def test_gpu_count(case, facts, audit):
+    count = case.item["expected_count"]
+    expected = REPORTED if count is None else str(count)
+    if facts.gpu is None:
+        audit.expect("GPU count", expected, f"(unreadable: {facts.gpu_problem})", passed=False)
+    actual = len(facts.gpu.gpus)
+    audit.expect("GPU count", expected, str(actual), passed=count in (None, actual))
+
+
+@devices
+def test_gpu_model(case, facts, audit):
+    listed_check(case, facts, audit, "model", gpu.model_check)
+
+
+@devices
+def test_gpu_uuid(case, facts, audit):
+    listed_check(case, facts, audit, "uuid", gpu.uuid_check)
+
+
+def listed_check(case, facts, audit, field: str, check_of) -> None:
+    index = case.item["index"]
+    found = gpu_of(facts, audit, f"GPU {index} {field}", case.item.get(field) or REPORTED, index)
+    record(audit, check_of(found, case.item))
+
+
+@devices
+def test_gpu_power_limit(case, facts, audit):
+    index = case.item["index"]
+    if "power_limit" not in case.item:  # profile mode: no target to compare with
+        found = gpu_of(facts, audit, f"GPU {index} power limit", REPORTED, index)
+        return record(audit, gpu.power_limit_report(found))
+    found = gpu_of(facts, audit, f"GPU {index} power limit", str(case.item["power_limit"]), index)
+    record(audit, gpu.power_limit_check(found, case.item))
+
+
+@devices
+def test_gpu_persistence_mode(case, facts, audit):
+    wanted = case.target["gpu"]["persistence_mode"]
+    name = f"GPU {case.item['index']} persistence mode"
+    if wanted is None:
+        return audit.not_applicable(name, "(as it is)", "nvidia_gpu_persistence_mode is null: left as it is")
+    record(audit, gpu.persistence_check(gpu_of(facts, audit, name, "on" if wanted else "off", case.item["index"]), wanted))
+
+
+@devices
+def test_gpu_pcie_link_width(case, facts, audit):
+    found = gpu_of(facts, audit, f"GPU {case.item['index']} PCIe link width", "its maximum", case.item["index"])
+    record(audit, gpu.pcie_width_check(found))
+
+
+@devices
+def test_gpu_pcie_link_generation(case, facts, audit):
+    found = gpu_of(facts, audit, f"GPU {case.item['index']} PCIe link generation", "its maximum", case.item["index"])
+    record(audit, gpu.pcie_generation_check(found))
+
+
+@devices
+def test_gpu_throttle_reasons(case, facts, audit):
+    found = gpu_of(facts, audit, f"GPU {case.item['index']} throttle reasons", "none holding it back", case.item["index"])
+    record(audit, gpu.throttle_check(found))
