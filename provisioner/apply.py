@@ -76,11 +76,17 @@ class ApplyResult:
 
 
 def _message(result: dict) -> str:
-    for key in ("msg", "stderr", "module_stderr", "reason"):
-        value = result.get(key)
-        if value:
-            return str(value).strip()
-    return ""
+    """Why a task failed; for a loop, why each of its failed items did (Ansible says only
+    "One or more items failed")."""
+    failed_items = [item for item in result.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+    if failed_items:
+        return "\n".join(f"{item.get('_ansible_item_label', item.get('item', '?'))}: {_message(item)}"
+                         for item in failed_items)
+    message = next((str(result[key]).strip() for key in ("msg", "stderr", "module_stderr", "reason") if result.get(key)), "")
+    stderr = str(result.get("stderr") or "").strip()
+    if stderr and stderr not in message:  # e.g. a template's validate: "failed to validate" + the validator's words
+        message += ": " + " / ".join(stderr.splitlines()[-3:])
+    return message
 
 
 def task_result(event: dict) -> TaskResult | None:

@@ -59,9 +59,11 @@ def host_vars(host: Host, instances: list[Instance]) -> dict[str, Any]:
         "vllm_service_instances": [service_instance(host, instance) for instance in instances],
         "nvidia_gpu_expected_count": gpus.count,
         "nvidia_gpu_persistence_mode": gpus.persistence_mode,
-        "nvidia_gpu_devices": [device.model_dump() for device in gpus.devices],
+        "nvidia_gpu_devices": [device.model_dump(exclude={"memory_mib"}) for device in gpus.devices],
         "vllm_install_version": host.vllm.version,
         "vllm_install_path": host.vllm.install_path,
+        "vllm_install_wheelhouse": host.vllm.wheelhouse,
+        "vllm_install_index_url": host.vllm.index_url,
     }
 
 

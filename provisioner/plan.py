@@ -23,10 +23,12 @@ from provisioner.gpu.topology import tensor_parallel_p2p_warnings
 from provisioner.inventory import host_vars
 from provisioner.paths import role_dir
 from provisioner.spec import Host, Instance, Spec
+from provisioner.vllm.planning import GpuMemory, host_memory
 
-ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_service")  # site.yml's order
+ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "vllm_service")  # site.yml's order
 UNIT_TEMPLATE = "vllm-instance.service.j2"
 ENV_TEMPLATE = "vllm-instance.env.j2"
+CONFIG_TEMPLATE = "vllm-instance.yaml.j2"
 NOUVEAU_TEMPLATES = ("blacklist-nouveau.conf.j2", "grub-nouveau.cfg.j2")
 
 
@@ -42,11 +44,12 @@ class PlannedFile:
 
 @dataclass(frozen=True)
 class PlannedUnit:
-    """One instance's systemd unit and env file, and the environment its process gets."""
+    """One instance's systemd unit, env file and `vllm serve --config` file, and the environment its process gets."""
 
     instance: str
     unit: PlannedFile
     env_file: PlannedFile
+    config_file: PlannedFile
     environment: dict[str, str]
 
 
@@ -61,11 +64,17 @@ class HostPlan:
     fstab_line: str | None
     units: list[PlannedUnit]
     warnings: list[str] = field(default_factory=list)
+    memory: list[GpuMemory] = field(default_factory=list)  # per GPU the instances use: the memory planner's table
+
+    @property
+    def memory_problems(self) -> list[str]:
+        """What would keep an instance from starting (vLLM checks memory at start): apply refuses to run."""
+        return [f"{self.host} {gpu.label}: {problem}" for gpu in self.memory for problem in gpu.problems]
 
     @property
     def files(self) -> list[PlannedFile]:
         """Every file written on the host, in the order the roles write them."""
-        unit_files = [file for unit in self.units for file in (unit.env_file, unit.unit)]
+        unit_files = [file for unit in self.units for file in (unit.env_file, unit.config_file, unit.unit)]
         return [self.sysctl_file, *self.nouveau_files, *unit_files]
 
 
@@ -88,6 +97,7 @@ def host_plan(host: Host, instances: list[Instance]) -> HostPlan:
         fstab_line=fstab_line(variables),
         units=[planned_unit(index, variables) for index in range(len(variables["vllm_service_instances"]))],
         warnings=host_warnings(host, instances),
+        memory=host_memory(host, instances),
     )
 
 
@@ -98,8 +108,9 @@ def planned_unit(index: int, variables: dict[str, Any]) -> PlannedUnit:
         unit_variables["vllm_service_api_key"] = redacted_key(entry["api_key_file"])
     unit = render_role_file("vllm_service", UNIT_TEMPLATE, unit_variables)
     env_file = render_role_file("vllm_service", ENV_TEMPLATE, unit_variables)
+    config_file = render_role_file("vllm_service", CONFIG_TEMPLATE, unit_variables)
     environment = {**unit_environment(unit.content), **env_file_environment(env_file.content)}
-    return PlannedUnit(entry["name"], unit, env_file, environment)
+    return PlannedUnit(entry["name"], unit, env_file, config_file, environment)
 
 
 def redacted_key(path: str) -> str:

@@ -37,6 +37,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from provisioner.vllm import flags
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -206,6 +208,9 @@ class GpuDevice(_Model):
     uuid: GpuUuid | None = Field(None, description="GPU-… UUID; needed to pin instances to this GPU")
     model: str | None = Field(None, description="product name, for humans and the audit")
     power_limit: PowerLimit = Field("default", description="watts, 'max' (the card's maximum) or 'default'")
+    memory_mib: int | None = Field(
+        None, ge=1, description="memory.total of nvidia-smi, for the memory plan; null: known from the model name"
+    )
 
 
 class GpuSettings(_Model):
@@ -226,8 +231,12 @@ class GpuSettings(_Model):
 class VllmSettings(_Model):
     """The vLLM installation the instances run."""
 
-    version: Version = Field("0.25.0", description="vLLM version (quoted string)")
+    version: Version = Field("0.25.0", description="vLLM version (quoted string): 0.25.0 or 0.33.0")
     install_path: AbsolutePath = Field("/opt/vllm", description="install folder; units run <install_path>/venv/bin/vllm")
+    wheelhouse: SpecPath | None = Field(
+        None, description="folder on this machine with every wheel (`provision wheelhouse`): offline install; null: pip's index"
+    )
+    index_url: str | None = Field(None, description="pip's index URL when there is no wheelhouse; null: PyPI")
 
 
 class Host(_Model):
@@ -537,9 +546,11 @@ def consistency_problems(parts: _SpecParts, check_files: bool = True) -> list[Pr
     problems += _unknown_hosts(parts.instances, parts.host_names)
     problems += _gpu_reference_problems(parts)
     problems += _share_problems(parts)
+    problems += _version_problems(parts)
     for index, instance in _present(parts.instances):
         problems += _keyed_problems(("instances", index, "options"), instance.options, _option_problem)
         problems += _keyed_problems(("instances", index, "env"), instance.env, _env_problem)
+    problems += _flag_problems(parts)
     if check_files:
         problems += _missing_files(parts)
     return problems
@@ -779,15 +790,46 @@ def _option_problem(key: str, value: Any) -> str | None:
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", key):
         return f"'{key}' is not a `vllm serve` long option name (e.g. max-model-len)"
     normalized = key.replace("_", "-")
+    if normalized == "config":
+        return "the role writes each instance's config file and runs `vllm serve --config` with it — put the flags in options"
     if normalized in DEDICATED_OPTIONS:
         field = DEDICATED_OPTIONS[normalized]
         return f"'{key}' is set by the instance's own field — remove it from options and set `{field}:` instead"
     if value is None:
         return "has no value — give one or remove the option"
-    if value is False:
-        negative = normalized[3:] if normalized.startswith("no-") else f"no-{normalized}"
-        return (f"false is ambiguous (vLLM's config file drops false booleans, so the default stays) — "
-                f"write `{negative}: true` instead")
+    return None
+
+
+def _version_problems(parts: _SpecParts) -> list[Problem]:
+    """Each host's vLLM version must have a flag catalog (the versions we support)."""
+    supported = flags.supported_versions()
+    return [
+        Problem(f"hosts[{index}].vllm.version",
+                f"vLLM {host.vllm.version} is not supported — use one of {', '.join(supported)} "
+                "(or add its flag catalog: python -m provisioner.vllm.make_catalog)")
+        for index, host in _present(parts.hosts)
+        if host.vllm.version not in supported
+    ]
+
+
+def _flag_problems(parts: _SpecParts) -> list[Problem]:
+    """The options the host's vLLM version would reject (its catalog, from vLLM's own parser)."""
+    problems = []
+    for index, instance, _, host in _instances_with_hosts(parts):
+        if host.vllm.version not in flags.supported_versions():
+            continue  # reported once, on the host
+        checkable = {key: value for key, value in instance.options.items() if _option_problem(key, value) is None}
+        for key, message in flags.option_problems(host.vllm.version, checkable).items():
+            problems.append(Problem(path_of(("instances", index, "options", key)), message))
+    return problems
+
+
+def _wheelhouse_problem(folder: str, version: str) -> str | None:
+    build = f"build it with `provision wheelhouse --vllm-version {version} --out {folder}`"
+    if not Path(folder).is_dir():
+        return f"{folder} is not a folder — {build}"
+    if not any(Path(folder).glob(f"vllm-{version}-*.whl")):
+        return f"{folder} holds no vllm-{version} wheel — {build}"
     return None
 
 
@@ -819,7 +861,11 @@ def _missing_files(parts: _SpecParts) -> list[Problem]:
         for index, instance in _present(parts.instances)
         if instance.api_key_file
     ]
-    problems = []
+    problems = [
+        Problem(f"hosts[{index}].vllm.wheelhouse", message)
+        for index, host in _present(parts.hosts)
+        if host.vllm.wheelhouse and (message := _wheelhouse_problem(host.vllm.wheelhouse, host.vllm.version))
+    ]
     for where, path, what in named:
         if not Path(path).is_file():
             problems.append(Problem(where, f"{path} does not exist — create it with {what} or correct the path"))

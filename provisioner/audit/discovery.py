@@ -12,6 +12,7 @@ import shlex
 from typing import Any
 
 import testinfra
+import yaml
 
 from provisioner.audit.expectations import is_vllm_command
 from provisioner.audit.suite.facts import Output, run_commands
@@ -36,14 +37,33 @@ def discover(host: testinfra.host.Host, nvidia_smi: str = "nvidia-smi") -> dict[
     }
     out = run_commands(host, commands)
     tools = [tool for tool in CONTAINER_TOOLS if out[tool].rc != 3]
+    units = vllm_units(out["units"].text)
+    read_config_files(host, units)
     return {
-        "units": vllm_units(out["units"].text),
+        "units": units,
         "gpus": gpu_indexes(out["gpus"], nvidia_smi),
         "container_tools": tools,
         "containers": [
             container for tool in tools if out[tool].rc == 0 for container in vllm_containers(tool, out[tool].text)
         ],
     }
+
+
+def read_config_files(host: testinfra.host.Host, units: list[dict[str, Any]]) -> None:
+    """Each unit's `vllm serve --config FILE` as data (unit["config"]): where it listens and what it serves
+    may be there. One more round trip, only when a unit has one."""
+    paths = {index: unit["argv"][unit["argv"].index("--config") + 1] for index, unit in enumerate(units)
+             if "--config" in unit["argv"][:-1]}
+    if not paths:
+        return
+    out = run_commands(host, {f"config{index}": f"cat {shlex.quote(path)}" for index, path in paths.items()})
+    for index in paths:
+        text = out[f"config{index}"]
+        try:
+            config = yaml.safe_load(text.text) if text.rc == 0 else None
+        except yaml.YAMLError:
+            config = None
+        units[index]["config"] = config if isinstance(config, dict) else {}
 
 
 def gpu_indexes(out: Output, nvidia_smi: str) -> dict[str, Any]:

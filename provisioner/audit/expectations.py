@@ -164,6 +164,7 @@ def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: di
     service = unit_settings(planned.unit.content, "Service")
     argv = exec_argv(next(value for key, value in service if key == "ExecStart"))
     env_task = find_task_args("vllm_service", "template", lambda args: args.get("src") == ENV_TEMPLATE)
+    config = yaml.safe_load(planned.config_file.content)
     return {
         "name": Path(planned.unit.path).name,
         "fragment": planned.unit.path,
@@ -176,7 +177,8 @@ def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: di
             "owner": f"{env_task['owner']}:{env_task['group']}",
             "sha256": env_file_sha256(variables, entry),
         },
-        **serving_expectations(argv),
+        "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
+        **serving_expectations(argv, config),
     }
 
 
@@ -234,9 +236,10 @@ def env_file_sha256(variables: dict[str, Any], entry: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- the vllm serve command line
 
 
-def serving_expectations(argv: list[str]) -> dict[str, Any]:
-    """Where a `vllm serve` command line listens and which model names it answers with."""
-    options = command_options(argv)
+def serving_expectations(argv: list[str], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where a `vllm serve` command line listens and which model names it answers with; `config`: the
+    content of its --config file (the command line wins over it, as in vLLM)."""
+    options = {**config_options(config or {}), **command_options(argv)}
     bind = options.get("--host", [""])[0]
     port = int(options.get("--port", [VLLM_DEFAULT_PORT])[0])
     model = serve_model(argv, options)
@@ -260,6 +263,15 @@ def command_options(argv: list[str]) -> dict[str, list[str]]:
             options[current] = [value] if equals else []
         elif current is not None:
             options[current].append(word)
+    return options
+
+
+def config_options(config: dict[str, Any]) -> dict[str, list[str]]:
+    """A --config file's keys as command_options gives them: {"--served-model-name": ["a", "b"], ...}."""
+    options = {}
+    for key, value in config.items():
+        values = value if isinstance(value, list) else [] if value is True else [value]
+        options["--" + str(key).replace("_", "-")] = [str(item) for item in values]
     return options
 
 
@@ -320,7 +332,7 @@ def profile_unit(unit: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
         "properties": rules["properties"],
         "environment": rules["environment"],
         "command_line": rules["command_line"],
-        **serving_expectations(unit["argv"]),
+        **serving_expectations(unit["argv"], unit.get("config")),
     }
 
 

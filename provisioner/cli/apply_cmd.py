@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
 from provisioner.apply import ApplyResult, TaskResult, apply_spec, unified_diff
+from provisioner.plan import build_plan
 from provisioner.cli.common import LimitOption, SpecArgument, check_limit, load_spec_or_exit
 
 console = Console(highlight=False, soft_wrap=True)
@@ -60,6 +62,12 @@ def apply(
     """Apply the spec to its hosts: sysctls, nouveau blacklist, /dev/shm, vLLM units."""
     loaded = load_spec_or_exit(spec)
     check_limit(loaded, limit, spec)
+    memory = [problem for plan in build_plan(loaded) if limit in (None, plan.host) for problem in plan.memory_problems]
+    if memory:  # vLLM would refuse to start: touch no host
+        for problem in memory:
+            console.print(f"[bold red]memory:[/] {escape(problem)}")
+        console.print("nothing applied: fix the spec (`provision plan` shows each GPU's memory)")
+        raise typer.Exit(1)
     result = apply_spec(loaded, limit=limit, check=check, diff=diff, on_result=print_result)
     console.print(summary_table(result, check))
     if not result.succeeded:

@@ -16,6 +16,7 @@ from provisioner.cli.common import LimitOption, SpecArgument, check_limit, load_
 from provisioner.inventory import write_inventory
 from provisioner.paths import SPEC_EXAMPLE
 from provisioner.plan import HostPlan, PlannedFile, build_plan
+from provisioner.vllm.memory import TABLE_COLUMNS
 
 
 def _console() -> Console:
@@ -50,13 +51,19 @@ def inventory(
 
 
 def plan(spec: SpecArgument, limit: LimitOption = None) -> None:
-    """Validate the spec and show what each host would get: sysctls, files, units, environment."""
+    """Validate the spec and show what each host would get: GPU memory per instance, sysctls, files,
+    units, environment. Exit 1 when an instance would not fit its GPU (vLLM would refuse to start)."""
     loaded = load_spec_or_exit(spec)
     check_limit(loaded, limit, spec)
     console = _console()
-    for host_plan in build_plan(loaded):
-        if limit is None or host_plan.host == limit:
-            show_host_plan(console, host_plan)
+    plans = [host_plan for host_plan in build_plan(loaded) if limit is None or host_plan.host == limit]
+    for host_plan in plans:
+        show_host_plan(console, host_plan)
+    problems = [problem for host_plan in plans for problem in host_plan.memory_problems]
+    for problem in problems:
+        console.print(f"[bold red]memory:[/] {escape(problem)}")
+    if problems:
+        raise typer.Exit(1)
 
 
 def show_host_plan(console: Console, plan: HostPlan) -> None:
@@ -64,6 +71,7 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
 
+    show_memory(console, plan)
     sysctls = Table("kernel parameter", "value", title="sysctls")
     for key, value in sorted(plan.sysctls.items()):
         sysctls.add_row(Text(key), Text(str(value)))
@@ -78,10 +86,25 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
     for unit in plan.units:
         show_file(console, unit.unit)
         show_file(console, unit.env_file)
+        show_file(console, unit.config_file)
         environment = Table("variable", "value", title=f"environment of vllm-{unit.instance}")
         for key, value in unit.environment.items():
             environment.add_row(Text(key), Text(value))
         console.print(environment)
+
+
+def show_memory(console: Console, plan: HostPlan) -> None:
+    """Per GPU: each instance's share, weights, overhead, KV cache and the full-length sequences it holds."""
+    for gpu in plan.memory:
+        if gpu.plan is None:
+            console.print(f"[yellow]memory:[/] {escape(gpu.note or '')}")
+            continue
+        title = (f"memory of {gpu.label}: shares {gpu.plan.shares:.2f} of {gpu.plan.usable_fraction:g} usable, "
+                 f"{gpu.plan.spare / 2**30:.2f} GiB spare once all started")
+        table = Table(*TABLE_COLUMNS, title=title)
+        for row in gpu.plan.table_rows():
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
 
 
 def show_file(console: Console, file: PlannedFile) -> None:

@@ -18,7 +18,7 @@ from provisioner.apply import apply_spec
 from provisioner.audit.expectations import Connection, spec_targets
 from provisioner.audit.runner import HostReport, audit_hosts, disconnect, exit_code
 from provisioner.spec import load_spec
-from tests.lab.specs import fake_gpu_uuid, host_entry, install_standin, instance_entry, write_spec
+from tests.lab.specs import MODEL, fake_gpu_uuid, host_entry, install_standin, instance_entry, write_spec
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 CONTAINER_NOT_APPLICABLE = {
@@ -29,7 +29,7 @@ UNIT = "vllm-chat.service"
 GPU_CHECKS = ("GPU count", "GPU 0 model", "GPU 0 uuid", "GPU 0 power limit", "GPU 0 persistence mode",
               "GPU 0 PCIe link width", "GPU 0 PCIe link generation", "GPU 0 throttle reasons")
 # the checks that fail along with "active" whenever the instance's server is not running
-SERVER_DOWN = {f"{UNIT}: listening", f"{UNIT}: GET /health", f"{UNIT}: GET /v1/models"}
+SERVER_DOWN = {f"{UNIT}: listening", f"{UNIT}: GET /health", f"{UNIT}: GET /v1/models", f"{UNIT}: ready (one request served)"}
 
 
 def provision_audit(*args, json_file) -> tuple[subprocess.CompletedProcess, dict]:
@@ -131,9 +131,11 @@ def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
     assert checks[f"{UNIT}: User"]["actual"] == "vllm"
     assert checks[f"{UNIT}: Environment CUDA_VISIBLE_DEVICES"]["actual"] == fake_gpu_uuid(host)
     assert checks[f"{UNIT}: Environment CUDA_DEVICE_ORDER"]["actual"] == "PCI_BUS_ID"
-    assert "serve Qwen/Qwen2.5-7B-Instruct" in checks[f"{UNIT}: ExecStart"]["actual"]
-    assert "--max-model-len 4096" in checks[f"{UNIT}: ExecStart"]["actual"]
+    assert checks[f"{UNIT}: ExecStart"]["actual"] == "/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml"
+    # where it listens and what it serves: read from that config file
     assert checks[f"{UNIT}: listening"]["actual"] == f"{host.address}:8000"
+    assert checks[f"{UNIT}: GET /v1/models"]["actual"] == MODEL
+    assert checks[f"{UNIT}: ready (one request served)"]["status"] == "passed"
     assert checks["sysctl configured: vm.swappiness"]["status"] == "passed"
     assert checks["sysctl live: vm.swappiness"]["status"] == "n/a"
     assert checks["GPUs"]["actual"] == "GPU 0"
@@ -169,8 +171,7 @@ def test_each_planted_drift_fails_exactly_its_check_and_apply_repairs_it(audited
     assert exit_code({host.name: audit_one(spec)}) == 0
     unit_file = f"/etc/systemd/system/{UNIT}"
     reload_and_restart = f"systemctl daemon-reload && systemctl restart {UNIT}"
-    command_line = (f"/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --host {host.address} --port 8000 "
-                    "--gpu-memory-utilization 0.9 --block-size 16")
+    command_line = "/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml"
     drifts = [  # (what is done on the host, the check that must fail, its expected, its actual)
         ("sed -i 's/^vm.swappiness = 1$/vm.swappiness = 60/' /etc/sysctl.d/60-vllm-provision.conf",
          "sysctl file: vm.swappiness", "1", "60"),
@@ -178,8 +179,11 @@ def test_each_planted_drift_fails_exactly_its_check_and_apply_repairs_it(audited
         ("mount -o remount,size=512M /dev/shm", "/dev/shm size", f"{1024 ** 3} bytes (1G)", f"{512 * 1024 ** 2} bytes"),
         (f"sed -i 's/^Environment=CUDA_VISIBLE_DEVICES=.*/Environment=CUDA_VISIBLE_DEVICES=0/' {unit_file} && {reload_and_restart}",
          f"{UNIT}: Environment CUDA_VISIBLE_DEVICES", fake_gpu_uuid(host), "0"),
-        (f"sed -i 's/--block-size 16/--block-size 16 --unknown-flag/' {unit_file} && {reload_and_restart}",
-         f"{UNIT}: ExecStart", f"{command_line} --max-model-len 4096", f"{command_line} --unknown-flag --max-model-len 4096"),
+        (f"sed -i 's|^ExecStart=.*|& --enforce-eager|' {unit_file} && {reload_and_restart}",
+         f"{UNIT}: ExecStart", command_line, f"{command_line} --enforce-eager"),
+        (f"sed -i 's/^block-size: 16$/block-size: 32/' /etc/vllm/chat.yaml && systemctl restart {UNIT}",
+         f"{UNIT}: config file /etc/vllm/chat.yaml", "as rendered (8 lines)",
+         "line 7: 'block-size: 32' instead of 'block-size: 16'"),
         # through the TEST DOUBLE nvidia-smi, whose state the audit reads back
         ("nvidia-smi -pl 300", "GPU 0 power limit", "max = 400 W ±1 W", "300 W"),
         ("nvidia-smi -pm 0", "GPU 0 persistence mode", "on", "off"),

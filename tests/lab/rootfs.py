@@ -22,6 +22,7 @@ PACKAGES = (
     "dbus",
     "openssh-server",
     "python3",
+    "python3-venv",  # what a GPU server has, or the role vllm_install installs from the host's apt sources
     "sudo",
     "iproute2",
     "kmod",

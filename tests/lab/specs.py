@@ -1,4 +1,5 @@
-"""Specs for the lab's test hosts, and the TEST DOUBLE `vllm` they run (no GPU here)."""
+"""Specs for the lab's test hosts, and the TEST DOUBLEs they run (no GPU here): `nvidia-smi`, and a
+stand-in vLLM wheel that the role vllm_install installs from a wheelhouse, as it would the real one."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from pathlib import Path
 import yaml
 
 from tests.doubles import nvidia_smi_standin
+from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.lab.hosts import TestHost
+from tests.lab.rootfs import cache_dir
 
-STANDIN = Path(__file__).resolve().parent.parent / "doubles" / "vllm_standin.py"
 GPU_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 VLLM_INSTALL_PATH = "/opt/vllm"
+MODEL = "Qwen/Qwen3-1.7B"  # small enough for the planner to fit three instances on the (stand-in) RTX 3090
 VLLM_BIN = f"{VLLM_INSTALL_PATH}/venv/bin/vllm"
 
 
@@ -27,10 +30,14 @@ def install_gpu_standin(host: TestHost) -> None:
 
 
 def install_standin(host: TestHost) -> None:
-    """The TEST DOUBLEs for what needs a GPU: `vllm` where the spec's install path says it lives,
-    and `nvidia-smi`."""
-    host.put(STANDIN, VLLM_BIN, mode="0755")
+    """The TEST DOUBLE for what needs a GPU on the host itself: `nvidia-smi`. (vLLM comes from the
+    spec's wheelhouse: `standin_wheelhouse`.)"""
     install_gpu_standin(host)
+
+
+def standin_wheelhouse(version: str = "0.25.0") -> Path:
+    """A wheelhouse holding the TEST DOUBLE vllm==version wheel (rebuilt each time: cheap)."""
+    return build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}").parent
 
 
 def host_entry(host: TestHost, **settings) -> dict:
@@ -49,7 +56,7 @@ def host_entry(host: TestHost, **settings) -> dict:
             "expected_count": 1,
             "devices": [{"index": 0, "uuid": fake_gpu_uuid(host), "model": "NVIDIA GeForce RTX 3090", "power_limit": "max"}],
         },
-        "vllm": {"version": "0.25.0", "install_path": VLLM_INSTALL_PATH},
+        "vllm": {"version": "0.25.0", "install_path": VLLM_INSTALL_PATH, "wheelhouse": str(standin_wheelhouse())},
     }
 
 
@@ -57,7 +64,7 @@ def instance_entry(host: TestHost, name: str, port: int, share: float = 0.45, **
     return {
         "name": name,
         "host": host.name,
-        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "model": MODEL,
         "port": port,
         "bind": host.address,  # so the bastion can reach it
         "gpus": [0],

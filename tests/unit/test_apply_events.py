@@ -54,3 +54,17 @@ def test_diff_entries_render_as_unified_diffs():
                          "before_header": "/etc/sysctl.d/60-vllm-provision.conf", "after_header": "rendered"})
     assert "-vm.swappiness = 60\n" in text and "+vm.swappiness = 1\n" in text
     assert unified_diff({"prepared": "+ line"}) == "+ line"
+
+
+def test_a_failed_loop_says_why_each_failed_item_failed():
+    """A template whose `validate` refused the new file, in a loop over instances."""
+    event = {"event": "runner_on_failed", "event_data": {"host": "ws1", "role": "vllm_service",
+             "task": "Write the config files", "res": {"msg": "One or more items failed", "results": [
+                 {"changed": False, "_ansible_item_label": "reranker"},
+                 {"failed": True, "_ansible_item_label": "chat", "msg": "failed to validate", "exit_status": 2,
+                  "stderr": "usage: vllm serve [model_tag] [options]\nvllm: error: unrecognized arguments: --disable-cuda-graph\n"},
+             ]}}}
+    result = task_result(event)
+    assert result.status == "failed"
+    assert result.message == ("chat: failed to validate: usage: vllm serve [model_tag] [options] / "
+                              "vllm: error: unrecognized arguments: --disable-cuda-graph")

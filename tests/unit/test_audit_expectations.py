@@ -66,12 +66,12 @@ def test_unit_expectations_are_the_rendered_unit_as_systemctl_show_reports_it(se
     assert not {"Environment", "EnvironmentFile", "ExecStart", "ExecStartPost", "TimeoutStartSec"} & set(properties)
     assert unit["environment"] == {"CUDA_VISIBLE_DEVICES": SEED1_UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                    "HF_HOME": "/var/lib/vllm/hf"}
-    assert unit["command_line"] == (
-        "/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --host 127.0.0.1 --port 8000 "
-        "--gpu-memory-utilization 0.95 --block-size 16 --dtype bfloat16 --max-model-len 4096 --max-num-seqs 128"
-    )
+    assert unit["command_line"] == "/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
+    # where it listens and what it serves: read from the rendered config file
     assert (unit["listen"], unit["url"], unit["served_names"]) == (
         "127.0.0.1:8000", "http://127.0.0.1:8000", ["Qwen/Qwen2.5-7B-Instruct"])
+    assert unit["config_file"]["path"] == "/etc/vllm/qwen7b.yaml"
+    assert "max-num-seqs: 128" in unit["config_file"]["content"].splitlines()
 
 
 def test_env_file_is_expected_by_hash_with_the_real_key_which_never_appears(seed1):

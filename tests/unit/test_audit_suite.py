@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,7 +28,9 @@ from provisioner.audit.suite.facts import (
 from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command, sysctl_settings
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
-STANDIN = Path(__file__).resolve().parents[1] / "doubles" / "vllm_standin.py"
+STANDIN_PACKAGE = Path(__file__).resolve().parents[1] / "doubles" / "vllm_package"
+CATALOG = Path(__file__).resolve().parents[2] / "provisioner" / "vllm" / "catalogs" / "vllm-0.25.0.json"
+READY_PROBE = Path(__file__).resolve().parents[2] / "roles" / "vllm_service" / "files" / "wait-ready"
 EXEC_START = ("{ path=/opt/vllm/venv/bin/vllm ; argv[]=/opt/vllm/venv/bin/vllm serve m --port 8000 ; "
               "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")
 
@@ -165,8 +168,10 @@ def standin_server(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, str(STANDIN), "serve", "org/model", "--host", "127.0.0.1",
-                               "--port", str(port)], stdout=subprocess.DEVNULL)
+    # the TEST DOUBLE vllm, run from its source tree
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "org/model", "--host",
+                               "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": str(STANDIN_PACKAGE), "VLLM_STANDIN_CATALOG": str(CATALOG)})
     for _ in range(100):
         with socket.socket() as attempt:
             if attempt.connect_ex(("127.0.0.1", port)) == 0:
@@ -240,3 +245,26 @@ def test_gpu_facts_are_read_only_where_gpus_are_expected():
 ])
 def test_discovery_lists_the_gpus_nvidia_smi_sees(out, found):
     assert gpu_indexes(out, "nvidia-smi") == found
+
+
+def ready(port: int, model: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(READY_PROBE), "--base-url", f"http://127.0.0.1:{port}", "--model", model,
+                           "--timeout", "5", "--once"], capture_output=True, text=True, timeout=20)
+
+
+def test_the_readiness_probe_needs_one_real_request_served(standin_server):
+    served = ready(standin_server, "org/model")
+    assert served.returncode == 0, served.stderr
+    assert served.stdout.strip() == (f"wait-ready: ready: http://127.0.0.1:{standin_server}/health answered 200, "
+                                     "POST /v1/completions answered 200 with choices")
+    wrong = ready(standin_server, "other/model")
+    assert wrong.returncode == 1
+    assert "POST /v1/completions answered 404: " in wrong.stderr and "The model `other/model` does not exist" in wrong.stderr
+
+
+def test_the_readiness_probe_says_why_when_nothing_listens():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    refused = ready(port, "org/model")
+    assert refused.returncode == 1 and "Connection refused" in refused.stderr

@@ -111,8 +111,9 @@ def test_plan_shows_sysctls_files_units_and_environment():
     assert any(line.startswith("│ vm.swappiness") and line.endswith("│ 1     │") for line in lines)
     assert "/etc/fstab: tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=16G 0 0" in lines
     assert "/etc/systemd/system/vllm-qwen7b.service (mode 0644, role vllm_service)" in lines
-    assert "ExecStart=/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct \\" in lines
-    assert "--max-num-seqs 128" in lines
+    assert "ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml" in lines
+    assert "/etc/vllm/qwen7b.yaml (mode 0644, role vllm_service)" in lines
+    assert "max-num-seqs: 128" in lines
     assert "/etc/vllm/qwen7b.env (mode 0600, role vllm_service)" in lines
     assert any("CUDA_VISIBLE_DEVICES" in line and "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a" in line for line in lines)
     assert "fake-example-key-seed1" not in result.output

@@ -18,7 +18,7 @@ def test_host_vars_hold_exactly_the_contract_variables():
     assert list(files["host_vars/ws4070.yml"]) == [
         "sysctl_settings", "nouveau_blacklist_enabled", "shm_size", "vllm_service_bin", "vllm_service_instances",
         "nvidia_gpu_expected_count", "nvidia_gpu_persistence_mode", "nvidia_gpu_devices",
-        "vllm_install_version", "vllm_install_path",
+        "vllm_install_version", "vllm_install_path", "vllm_install_wheelhouse", "vllm_install_index_url",
     ]
 
 

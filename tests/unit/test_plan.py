@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from provisioner.paths import EXAMPLES_DIR
-from provisioner.plan import HostPlan, build_plan, env_file_environment, unit_environment
+from provisioner.plan import (
+    HostPlan,
+    build_plan,
+    env_file_environment,
+    render_role_file,
+    role_defaults,
+    unit_environment,
+)
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 
@@ -33,14 +41,40 @@ def seed2() -> HostPlan:
     return plan
 
 
-def test_unit_runs_vllm_serve_with_the_instance_flags(seed1):
+def test_unit_runs_vllm_serve_with_the_instance_config_file(seed1):
     (unit,) = seed1.units
     assert unit.unit.path == "/etc/systemd/system/vllm-qwen7b.service"
     assert unit.unit.mode == "0644"
-    assert exec_start(unit.unit.content) == (
-        "ExecStart=/opt/vllm/venv/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --host 127.0.0.1 --port 8000 "
-        "--gpu-memory-utilization 0.95 --block-size 16 --dtype bfloat16 --max-model-len 4096 --max-num-seqs 128"
-    )
+    assert exec_start(unit.unit.content) == "ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
+    assert (unit.config_file.path, unit.config_file.mode) == ("/etc/vllm/qwen7b.yaml", "0644")
+    assert config_lines(unit) == [
+        'model: "Qwen/Qwen2.5-7B-Instruct"', 'host: "127.0.0.1"', "port: 8000", "gpu-memory-utilization: 0.95",
+        "block-size: 16", 'dtype: "bfloat16"', "max-model-len: 4096", "max-num-seqs: 128",
+    ]
+    assert yaml.safe_load(unit.config_file.content) == {
+        "model": "Qwen/Qwen2.5-7B-Instruct", "host": "127.0.0.1", "port": 8000, "gpu-memory-utilization": 0.95,
+        "block-size": 16, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 128}
+
+
+def config_lines(unit) -> list[str]:
+    return [line for line in unit.config_file.content.splitlines() if not line.startswith("#")]
+
+
+def test_config_file_values_read_back_as_written_and_false_becomes_the_negative_flag():
+    """vLLM drops `false` booleans read from a config file (0.25-0.33): the template writes the negative flag."""
+    options = {"enable-prefix-caching": True, "served-model-name": ["chat", "qwen"], "stream-interval": 10,
+               "compilation-config": {"cudagraph_mode": "NONE"}, "chat-template": "a 'quoted' # {x}: y",
+               "quantization": None}
+    entry = {"name": "chat", "model": "m", "host": "0.0.0.0", "port": 8000, "gpu_uuids": [UUID0],
+             "gpu_memory_utilization": 0.5, "options": {**options, "enforce-eager": False, "no-enable-chunked-prefill": False}}
+    rendered = render_role_file("vllm_service", "vllm-instance.yaml.j2", {
+        **role_defaults(), "vllm_service_instance": entry}).content
+    read = yaml.safe_load(rendered)
+    assert read["enable-prefix-caching"] is True and read["served-model-name"] == ["chat", "qwen"]
+    assert read["compilation-config"] == '{"cudagraph_mode": "NONE"}'  # JSON text, which vLLM parses
+    assert read["chat-template"] == "a 'quoted' # {x}: y" and read["stream-interval"] == 10
+    assert read["no-enforce-eager"] is True and read["enable-chunked-prefill"] is True
+    assert "enforce-eager" not in read and "quantization" not in read  # null: left out
 
 
 def test_unit_pins_the_gpu_by_uuid_in_pci_order(seed1):
@@ -83,8 +117,8 @@ def test_instances_sharing_a_gpu_start_one_after_another(seed2):
 
 def test_chat_model_gets_max_num_batched_tokens(seed2):
     chat = next(unit for unit in seed2.units if unit.instance == "chat")
-    assert "--max-num-batched-tokens 4096" in exec_start(chat.unit.content)
-    assert "--gpu-memory-utilization 0.5 " in exec_start(chat.unit.content)
+    assert "max-num-batched-tokens: 4096" in config_lines(chat)
+    assert "gpu-memory-utilization: 0.5" in config_lines(chat)
 
 
 def test_sysctl_file_and_fstab_line(seed1):
@@ -133,9 +167,9 @@ def test_files_lists_everything_written(seed2):
         "/etc/sysctl.d/60-vllm-provision.conf",
         "/etc/modprobe.d/blacklist-nouveau.conf",
         "/etc/default/grub.d/60-vllm-provision-nouveau.cfg",
-        "/etc/vllm/reranker.env", "/etc/systemd/system/vllm-reranker.service",
-        "/etc/vllm/embed.env", "/etc/systemd/system/vllm-embed.service",
-        "/etc/vllm/chat.env", "/etc/systemd/system/vllm-chat.service",
+        "/etc/vllm/reranker.env", "/etc/vllm/reranker.yaml", "/etc/systemd/system/vllm-reranker.service",
+        "/etc/vllm/embed.env", "/etc/vllm/embed.yaml", "/etc/systemd/system/vllm-embed.service",
+        "/etc/vllm/chat.env", "/etc/vllm/chat.yaml", "/etc/systemd/system/vllm-chat.service",
     ]
 
 

@@ -49,7 +49,8 @@ def test_every_planned_file_equals_ansible_rendering(example):
         }
         pairs.append((ROLES_DIR / "vllm_service/templates/vllm-instance.service.j2", unit_variables, unit.unit.content))
         pairs.append((ROLES_DIR / "vllm_service/templates/vllm-instance.env.j2", unit_variables, unit.env_file.content))
+        pairs.append((ROLES_DIR / "vllm_service/templates/vllm-instance.yaml.j2", unit_variables, unit.config_file.content))
 
-    assert len(pairs) == 3 + 2 * len(spec.instances)
+    assert len(pairs) == 3 + 3 * len(spec.instances)
     for template, template_variables, planned in pairs:
         assert ansible_render(template, template_variables) == planned, template

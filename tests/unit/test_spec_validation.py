@@ -359,16 +359,16 @@ def test_option_that_duplicates_a_dedicated_field(option, field):
 def test_false_boolean_option_asks_for_the_negative_flag():
     data = spec_data(instances=[instance("chat", 8000, options={"enable-prefix-caching": False})])
     assert problems_of(data) == [
-        "instances[0].options.enable-prefix-caching: false is ambiguous (vLLM's config file drops false booleans, "
-        "so the default stays) — write `no-enable-prefix-caching: true` instead"
+        "instances[0].options.enable-prefix-caching: false is dropped by vLLM's config file reader, "
+        "so the default stays — write `no-enable-prefix-caching: true`"
     ]
 
 
 def test_false_negative_option_asks_for_the_positive_flag():
     data = spec_data(instances=[instance("chat", 8000, options={"no-enable-prefix-caching": False})])
     assert problems_of(data) == [
-        "instances[0].options.no-enable-prefix-caching: false is ambiguous (vLLM's config file drops false "
-        "booleans, so the default stays) — write `enable-prefix-caching: true` instead"
+        "instances[0].options.no-enable-prefix-caching: false is dropped by vLLM's config file reader, "
+        "so the default stays — write `enable-prefix-caching: true`"
     ]
 
 

@@ -18,10 +18,12 @@ import testinfra
 
 from provisioner.audit.text import environment_words, shown_argv, sysctl_settings
 from provisioner.gpu.facts import GpuFacts, facts_from_data
+from provisioner.paths import role_dir
 from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
 
 HTTP_PROBE = Path(__file__).with_name("http_probe.sh")  # bash /dev/tcp: plain http
 HTTPS_PROBE = Path(__file__).with_name("http_probe.py")  # python's ssl: https
+READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' own readiness probe
 PROBE_TIMEOUT_S = 10
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 UNIT_STATE = ("LoadState", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
@@ -46,6 +48,8 @@ class UnitFacts:
     env_file: tuple[str, str] | None  # (mode, owner:group) of the expected env file; None: absent
     env_file_sha256: str | None
     http: dict[str, Any]
+    config_text: str | None = None  # the expected --config file's content; None: absent
+    ready: Output | None = None  # the readiness probe's verdict (exit 0: ready) and its line
 
     @property
     def argv(self) -> list[str]:
@@ -142,9 +146,15 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
     probe = f"python3 -c {shlex.quote(HTTPS_PROBE.read_text())}" if scheme == "https" else (
         f"bash -c {shlex.quote(HTTP_PROBE.read_text())}")
     commands[f"http{index}"] = f"timeout {PROBE_TIMEOUT_S} {probe} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}"
+    # one real request through the same probe the unit runs before it turns active
+    commands[f"ready{index}"] = (
+        f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
+        f" --model {shlex.quote(unit['served_names'][0])} --timeout {PROBE_TIMEOUT_S} --once --key-from-unit {name}")
     if unit.get("env_file"):
         path = shlex.quote(unit["env_file"]["path"])
         commands[f"env_file{index}"] = f"stat -c '%a %U:%G' {path} && sha256sum {path}"
+    if unit.get("config_file"):
+        commands[f"config{index}"] = f"cat {shlex.quote(unit['config_file']['path'])}"
     return commands
 
 
@@ -219,7 +229,9 @@ def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
         first, second = env_file.text.splitlines()[:2]
         mode, owner = first.split()
         stat, sha256 = (mode.zfill(4), owner), second.split()[0]
-    return UnitFacts(shown, environment, stat, sha256, http_answers(out[f"http{index}"].text))
+    config = out.get(f"config{index}")
+    return UnitFacts(shown, environment, stat, sha256, http_answers(out[f"http{index}"].text),
+                     config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"))
 
 
 def http_answers(text: str) -> dict[str, dict[str, Any]]:

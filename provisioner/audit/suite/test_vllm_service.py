@@ -1,5 +1,6 @@
 """Each vLLM unit (role vllm_service): loaded, enabled, active, its settings as `systemctl show` reports
-them, its environment, its command line, its env file, and the server answering on its address.
+them, its environment, its command line, its env file, its `vllm serve --config` file, and the server
+answering on its address.
 
 Spec mode expects what the role's template renders for the instance; profile mode applies the
 profile's rules to each unit that discovery found.
@@ -69,8 +70,12 @@ def test_command_line(case, facts, audit):
     audit.expect(f"{unit['name']}: ExecStart", unit["command_line"], shown_command(facts.units[unit["name"]].argv))
 
 
-env_files = each(lambda expected: [unit for unit in expected["units"] if unit.get("env_file")],
-                 ids=lambda unit: unit["name"])
+def units_with(key: str):
+    """The check runs once per unit whose expectations have `key` (spec mode: env_file, config_file)."""
+    return each(lambda expected: [unit for unit in expected["units"] if unit.get(key)], ids=lambda unit: unit["name"])
+
+
+env_files = units_with("env_file")
 
 
 @env_files
@@ -93,6 +98,34 @@ def test_env_file_content(case, facts, audit):
     actual = facts.units[unit["name"]].env_file_sha256
     audit.expect(f"{unit['name']}: EnvironmentFile content", f"as rendered (sha256 {env_file['sha256'][:12]})",
                  f"sha256 {actual[:12]}" if actual else ABSENT, passed=actual == env_file["sha256"])
+
+
+config_files = units_with("config_file")
+
+
+@config_files
+def test_config_file(case, facts, audit):
+    unit, config = case.item, case.item["config_file"]
+    actual = facts.units[unit["name"]].config_text
+    check = f"{unit['name']}: config file {config['path']}"
+    expected = f"as rendered ({len(config['content'].splitlines())} lines)"
+    if actual is None:
+        audit.expect(check, expected, ABSENT, passed=False)
+    same = actual == config["content"]
+    audit.expect(check, expected, expected if same else first_difference(config["content"], actual), passed=same)
+
+
+def first_difference(expected: str, actual: str) -> str:
+    """Where two texts first differ: "line 7: 'block-size: 32' instead of 'block-size: 16'"."""
+    wanted, found = expected.splitlines(), actual.splitlines()
+    for number, (line, other) in enumerate(zip(wanted, found), start=1):
+        if line != other:
+            return f"line {number}: {other!r} instead of {line!r}"
+    if len(wanted) != len(found):
+        extra = found[len(wanted)] if len(found) > len(wanted) else None
+        return (f"line {len(wanted) + 1}: {extra!r} added" if extra is not None
+                else f"ends at line {len(found)}; missing {wanted[len(found)]!r}")
+    return "differs in line endings or a final newline"
 
 
 @units
@@ -128,3 +161,15 @@ def model_ids(answer: dict) -> str | list[str]:
         return [model["id"] for model in json.loads(answer["body"])["data"]]
     except (ValueError, KeyError, TypeError):
         return f"not a list of models: {answer['body'][:80]}"
+
+
+@units
+def test_ready(case, facts, audit):
+    """The units' own readiness probe, once: /health, then one real request (a 1-token completion,
+    one embedding or one rerank, whichever the model serves) with the server's API key."""
+    unit = case.item
+    ready = facts.units[unit["name"]].ready
+    lines = (ready.text.strip().splitlines() or ["no output"]) if ready else ["not probed"]
+    verdict = lines[-1].removeprefix("wait-ready: ")
+    audit.expect(f"{unit['name']}: ready (one request served)", "ready", verdict,
+                 passed=ready is not None and ready.rc == 0)

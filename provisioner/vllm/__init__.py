@@ -1,0 +1,1 @@
+"""The vLLM layer: flag catalogs per version, the memory planner, wheelhouses for offline installs."""

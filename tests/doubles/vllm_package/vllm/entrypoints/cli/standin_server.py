@@ -1,0 +1,86 @@
+"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, a 1-token
+/v1/completions (the served model name only), /standin/process (argv, parsed options, CUDA environment).
+Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health. STANDIN_STARTUP_DELAY (seconds) delays the
+listening socket, like a slow model load."""
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import vllm
+
+PROTECTED = ("/v1/",)
+
+
+def serve(options):
+    model = options.get("model_tag") or options.get("model")
+    if not model or model == "serve":
+        sys.exit("vllm: error: no model given")
+    served = options.get("served_model_name") or [model]
+    host = options.get("host") or "0.0.0.0"
+    port = int(options.get("port") or 8000)
+    key = os.environ.get("VLLM_API_KEY") or options.get("api_key")
+    process = {
+        "argv": sys.argv,
+        "options": {name: value for name, value in options.items() if name not in ("api_key", "dispatch_function")},
+        "version": vllm.__version__,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "VLLM_", "HF_", "STANDIN_"))},
+        "user": os.getuid(),
+    }
+    if "VLLM_API_KEY" in process["env"]:  # never expose the secret itself
+        process["env"]["VLLM_API_KEY"] = "<set>"
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code, body):
+            data = json.dumps(body, default=str).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self):
+            if key and self.path.startswith(PROTECTED) and self.headers.get("Authorization") != f"Bearer {key}":
+                self._send(401, {"error": "Unauthorized"})
+                return False
+            return True
+
+        def do_GET(self):
+            if not self._authorized():
+                return
+            if self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "root": model}
+                                                            for name in served]})
+            elif self.path == "/standin/process":
+                self._send(200, process)
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self):
+            if not self._authorized():
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                request = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                return self._send(400, {"error": {"message": "invalid JSON", "code": 400}})
+            if self.path != "/v1/completions":
+                return self._send(404, {"detail": "Not Found"})
+            if request.get("model") not in served:
+                return self._send(404, {"error": {"message": f"The model `{request.get('model')}` does not exist.",
+                                                  "type": "NotFoundError", "code": 404}})
+            tokens = int(request.get("max_tokens") or 16)
+            self._send(200, {"object": "text_completion", "model": request["model"],
+                             "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": 1 + tokens}})
+
+        def log_message(self, *args):
+            pass
+
+    print(f"stand-in vllm {vllm.__version__} (TEST DOUBLE) serving {', '.join(served)} on {host}:{port}", flush=True)
+    time.sleep(float(os.environ.get("STANDIN_STARTUP_DELAY", "0")))
+    ThreadingHTTPServer((host, port), Handler).serve_forever()
+

@@ -1,0 +1,3 @@
+"""TEST DOUBLE of vllm.platforms: the platform vLLM resolves (the stand-in has no use for it)."""
+
+current_platform = None

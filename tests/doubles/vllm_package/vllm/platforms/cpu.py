@@ -1,0 +1,5 @@
+"""TEST DOUBLE of vllm.platforms.cpu."""
+
+
+class CpuPlatform:
+    device_type = "cpu"

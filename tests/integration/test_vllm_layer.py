@@ -1,0 +1,117 @@
+"""The vLLM layer on real systemd test hosts: vllm_install from a wheelhouse (offline: the hosts have no
+network), the instance's `vllm serve --config` file, the flag check with the installed vLLM's parser,
+and the readiness probe.
+
+The wheelhouse holds the TEST DOUBLE vLLM wheel (tests/doubles/vllm_package; no GPU here): the real
+package's console script and parser module paths, its `vllm serve` options read from the real
+version's catalog, a stand-in server. The real vLLM runs on the H200 (tests/fixtures/vllm/h200-runs).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from provisioner.apply import TaskResult, apply_spec, run_playbook
+from provisioner.inventory import write_inventory
+from provisioner.paths import ROLES_DIR
+from provisioner.spec import load_spec
+from tests.integration.conftest import disk_state
+from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry, standin_wheelhouse, write_spec
+
+UNIT = "vllm-chat.service"
+CONFIG = "/etc/vllm/chat.yaml"
+
+
+def process_of(host, port: int = 8000) -> dict:
+    with urllib.request.urlopen(f"http://{host.address}:{port}/standin/process", timeout=5) as response:
+        return json.load(response)
+
+
+def spec_for(host, path: Path, version: str = "0.25.0", **instance_extra):
+    entry = host_entry(host)
+    entry["vllm"] = {**entry["vllm"], "version": version, "wheelhouse": str(standin_wheelhouse(version))}
+    return load_spec(write_spec(path, [entry], [instance_entry(host, "chat", 8000, share=0.9, **instance_extra)]))
+
+
+def main_pid(host) -> str:
+    return host.ssh(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+
+
+def test_install_from_a_wheelhouse_check_mode_idempotence_and_an_upgrade(boot, tmp_path):
+    (host,) = boot(1)
+    install_standin(host)
+    spec = spec_for(host, tmp_path / "spec.yml")
+
+    before = disk_state(host)
+    checked = apply_spec(spec, check=True)
+    assert checked.succeeded and checked.changed > 0
+    assert disk_state(host) == before  # check mode: nothing written
+
+    results: list[TaskResult] = []
+    assert apply_spec(spec, on_result=results.append).succeeded
+    assert host.ssh("/opt/vllm/venv/bin/vllm --version").stdout.strip() == "0.25.0"
+    assert host.ssh("test -e /opt/vllm/wheelhouse-0.25.0; echo $?").stdout.strip() == "1"  # removed once installed
+    installed = next(result for result in results if result.role == "vllm_install" and result.task.startswith("Install vLLM"))
+    assert installed.status == "changed"
+    process = process_of(host)
+    assert process["argv"][1:] == ["serve", "--config", CONFIG] and process["version"] == "0.25.0"
+    # what the server parsed from its config file: the instance's flags
+    assert (process["options"]["max_model_len"], process["options"]["block_size"]) == (4096, 16)
+    assert yaml.safe_load(host.ssh(f"cat {CONFIG}").stdout)["model"] == MODEL
+
+    again = apply_spec(spec)
+    assert again.succeeded and again.changed == 0
+
+    upgraded = spec_for(host, tmp_path / "spec-0.33.yml", version="0.33.0")
+    pid = main_pid(host)
+    assert apply_spec(upgraded).succeeded
+    assert host.ssh("/opt/vllm/venv/bin/vllm --version").stdout.strip() == "0.33.0"
+    assert process_of(host)["version"] == "0.33.0" and main_pid(host) != pid  # restarted on the new vLLM
+    assert apply_spec(upgraded).changed == 0
+
+
+def test_a_flag_the_installed_vllm_rejects_never_reaches_the_unit(boot, tmp_path):
+    """Plain Ansible (no spec check in front): the installed vLLM's parser refuses the new config file
+    before it replaces the old one; the running server is left alone."""
+    (host,) = boot(1)
+    install_standin(host)
+    spec = spec_for(host, tmp_path / "spec.yml")
+    assert apply_spec(spec).succeeded
+    config_before, pid = host.ssh(f"cat {CONFIG}").stdout, main_pid(host)
+
+    inventory = tmp_path / "inventory"
+    write_inventory(spec, inventory)
+    host_vars = inventory / "host_vars" / f"{host.name}.yml"
+    variables = yaml.safe_load(host_vars.read_text())
+    variables["vllm_service_instances"][0]["options"]["disable-cuda-graph"] = True  # seed 3's invented flag
+    host_vars.write_text(yaml.safe_dump(variables))
+    results: list[TaskResult] = []
+    run = run_playbook(inventory, on_result=results.append)
+
+    assert not run.succeeded
+    failed = next(result for result in results if result.status == "failed")
+    assert (failed.role, failed.task) == ("vllm_service", "Write the config files")
+    assert "unrecognized arguments: --disable-cuda-graph" in failed.message
+    assert host.ssh(f"cat {CONFIG}").stdout == config_before
+    assert main_pid(host) == pid and host.ssh(f"systemctl is-active {UNIT}").stdout.strip() == "active"
+
+
+def test_the_service_role_alone_says_where_vllm_is_missing(boot, tmp_path):
+    (host,) = boot(1)
+    install_standin(host)
+    spec = spec_for(host, tmp_path / "spec.yml")
+    inventory = tmp_path / "inventory"
+    write_inventory(spec, inventory)
+    playbook = tmp_path / "service.yml"
+    playbook.write_text(f"- hosts: vllm_hosts\n  gather_facts: false\n  roles: [{ROLES_DIR / 'vllm_service'}]\n")
+    results: list[TaskResult] = []
+
+    run = run_playbook(inventory, playbook=playbook, on_result=results.append)
+
+    assert not run.succeeded
+    failed = next(result for result in results if result.status == "failed")
+    assert "vLLM is not installed at /opt/vllm/venv/bin/vllm" in failed.message
