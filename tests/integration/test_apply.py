@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from provisioner.apply import apply_spec
 from provisioner.spec import load_spec
@@ -20,8 +23,9 @@ def provision(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=600)
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def get_json(url: str, key: str | None = None) -> dict:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
 
 
@@ -66,8 +70,12 @@ def test_apply_converges_then_second_apply_changes_nothing(boot, tmp_path):
     assert process["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert process["env"]["VLLM_API_KEY"] == "<set>"
     assert process["user"] != 0
-    assert "--gpu-memory-utilization" in process["argv"] and "0.9" in process["argv"]
-    models = get_json(f"http://{host.address}:8000/v1/models")
+    assert process["argv"][1:] == ["serve", "--config", "/etc/vllm/chat.yaml"]
+    assert process["options"]["gpu_memory_utilization"] == 0.9  # as the server parsed its config file
+    # like vLLM, the server guards /v1 with the key
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        get_json(f"http://{host.address}:8000/v1/models")
+    models = get_json(f"http://{host.address}:8000/v1/models", key="sk-test-secret-123")
     assert models["data"][0]["id"] == MODEL
 
     # the secret lives only in a 0600 root-owned environment file, never on a command line

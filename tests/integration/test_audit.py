@@ -18,7 +18,15 @@ from provisioner.apply import apply_spec
 from provisioner.audit.expectations import Connection, spec_targets
 from provisioner.audit.runner import HostReport, audit_hosts, disconnect, exit_code
 from provisioner.spec import load_spec
-from tests.lab.specs import MODEL, fake_gpu_uuid, host_entry, install_standin, instance_entry, write_spec
+from tests.lab.specs import (
+    MODEL,
+    fake_gpu_uuid,
+    host_entry,
+    install_standin,
+    install_vllm_by_hand,
+    instance_entry,
+    write_spec,
+)
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 CONTAINER_NOT_APPLICABLE = {
@@ -227,6 +235,7 @@ WantedBy=multi-user.target
 def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
     (host,) = audited_boot(1)
     install_standin(host)
+    install_vllm_by_hand(host)
     unit_file = tmp_path / "my-llm.service"
     unit_file.write_text(HAND_WRITTEN_UNIT)
     host.put(unit_file, "/etc/systemd/system/my-llm.service", mode="0644")

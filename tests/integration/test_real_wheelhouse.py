@@ -78,14 +78,20 @@ def test_offline_install_of_the_real_vllm_and_its_parser(boot, tmp_path):
         f"  roles: [{ROLES_DIR / 'vllm_install'}]\n"
     )
 
-    results: list[TaskResult] = []
-    started = time.monotonic()
-    first = run_playbook(inventory, playbook=playbook, on_result=results.append)
+    results: list[tuple[TaskResult, float]] = []  # each result with the seconds since the one before
+
+    def timed(result: TaskResult) -> None:
+        now = time.monotonic()
+        results.append((result, now - timed.last))
+        timed.last = now
+
+    started = timed.last = time.monotonic()
+    first = run_playbook(inventory, playbook=playbook, on_result=timed)
     first_seconds = time.monotonic() - started
     print(f"\n[install] first run: {first_seconds:.1f}s, succeeded={first.succeeded}, changed={first.changed}")
-    for result in results:
+    for result, seconds in results:
         if result.status in ("changed", "failed", "unreachable"):
-            print(f"  {result.status:8} {result.label}" + (f": {result.message}" if result.message else ""))
+            print(f"  {seconds:6.1f}s {result.status:8} {result.task}" + (f": {result.message}" if result.message else ""))
     assert first.succeeded, [(p.label, p.message) for p in first.problems] or first.output_tail
 
     version = host.ssh(f"{VENV_PYTHON} -c \"import importlib.metadata as m; print(m.version('vllm'))\"").stdout.strip()

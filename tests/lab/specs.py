@@ -35,6 +35,15 @@ def install_standin(host: TestHost) -> None:
     install_gpu_standin(host)
 
 
+def install_vllm_by_hand(host: TestHost, version: str = "0.25.0") -> None:
+    """The TEST DOUBLE vllm installed as someone did by hand on a server we did not build: a venv
+    at /opt/vllm/venv, pip from the wheel."""
+    wheel = build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}")
+    host.put(wheel, f"/root/{wheel.name}", mode="0644")
+    host.ssh(f"python3 -m venv {VLLM_INSTALL_PATH}/venv && {VLLM_INSTALL_PATH}/venv/bin/pip install -q "
+             f"--no-index /root/{wheel.name}")
+
+
 def standin_wheelhouse(version: str = "0.25.0") -> Path:
     """A wheelhouse holding the TEST DOUBLE vllm==version wheel (rebuilt each time: cheap)."""
     return build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}").parent

@@ -20,7 +20,7 @@ def serve(options):
     served = options.get("served_model_name") or [model]
     host = options.get("host") or "0.0.0.0"
     port = int(options.get("port") or 8000)
-    key = os.environ.get("VLLM_API_KEY") or options.get("api_key")
+    key = os.environ.get("VLLM_API_KEY") or (options.get("api_key") or [None])[0]  # --api-key takes one or more
     process = {
         "argv": sys.argv,
         "options": {name: value for name, value in options.items() if name not in ("api_key", "dispatch_function")},
