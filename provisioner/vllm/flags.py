@@ -29,7 +29,7 @@ INVENTED_FLAGS = {
 }
 # Values they use that vLLM spells otherwise.
 VALUE_SPELLINGS = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-HUMAN_INT = re.compile(r"^(auto|-1|\d+(\.\d+)?[kKmMgG]?)$")
+HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
 
 
 @dataclass(frozen=True)
@@ -89,25 +89,16 @@ def load_catalog(version: str) -> Catalog:
     options = {
         key: Option(key, tuple(entry["names"]), entry["kind"],
                     tuple(entry["choices"]) if entry.get("choices") else None,
-                    entry.get("nargs"), _negative(entry), entry.get("help") or "")
+                    entry.get("nargs"), entry.get("negative"), entry.get("help") or "")
         for key, entry in serve["options"].items()
     }
-    negatives = {  # --no-enable-prefix-caching: a flag of its own in a config file
-        option.negative.removeprefix("--"): Option(option.negative.removeprefix("--"), (option.negative,), "flag",
-                                                   None, 0, None, f"turns --{key} off", positive=key)
-        for key, option in options.items() if option.negative
+    negatives = {  # --no-enable-prefix-caching, --disable-prefix-caching: each a flag of its own in a config file
+        name.removeprefix("--"): Option(name.removeprefix("--"), (name,), "flag", None, 0, None,
+                                        f"turns --{key} off", positive=key)
+        for key, entry in serve["options"].items()
+        for name in entry.get("negatives") or [entry["negative"]] if name
     }
     return Catalog(version, {**negatives, **options})
-
-
-def _negative(entry: dict[str, Any]) -> str | None:
-    """The flag that turns a boolean off: argparse's --no-<name>, or (0.33) a second name such as
-    --disable-prefix-caching beside --enable-prefix-caching."""
-    if entry.get("negative"):
-        return entry["negative"]
-    if entry["kind"] == "bool_optional":
-        return next((name for name in entry["names"][1:] if name.startswith(("--no-", "--disable-"))), None)
-    return None
 
 
 def option_problems(version: str, options: dict[str, Any]) -> dict[str, str]:
@@ -174,8 +165,11 @@ def item_problem(option: Option, item: Any) -> str | None:
             float(str(item))
         except ValueError:
             return f"'{item}' is not a number — --{option.key} takes one, e.g. 0.5"
-    if kind == "human_int" and not (isinstance(item, int) or HUMAN_INT.match(str(item))):
-        return f"'{item}' is not a length — --{option.key} takes an integer or 32k / 1M / auto"
+    if kind == "human_int":
+        try:
+            length(item)
+        except ValueError:
+            return f"'{item}' is not a length — --{option.key} takes an integer or 32k / 1M / auto"
     if kind == "json" and isinstance(item, str):
         text = item.strip()
         if text.startswith(("{", "[")):
@@ -184,6 +178,19 @@ def item_problem(option: Option, item: Any) -> str | None:
             except ValueError as error:
                 return f"--{option.key}: invalid JSON ({error}) — give a mapping, e.g. {{cudagraph_mode: NONE}}"
     return None
+
+
+def length(value: Any) -> int | None:
+    """A token count as vLLM reads it: 4096, '32k' (×1000), '32K' (×1024), '1M'; None / 'auto' / -1: the default."""
+    if value is None or str(value).lower() in ("auto", "-1"):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = HUMAN_INT.match(str(value))
+    if not match:
+        raise ValueError(f"cannot read {value!r} as a number of tokens")
+    number, unit = match.groups()
+    return int(float(number) * {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20}[unit])
 
 
 def _a(kind: str) -> str:

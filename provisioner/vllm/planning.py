@@ -9,10 +9,10 @@ After=), which is the order the planner checks vLLM's startup memory test in.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from provisioner.spec import Host, Instance, gpu_label
+from provisioner.vllm.flags import length
 from provisioner.vllm.memory import GpuPlan, InstanceDemand, cuda_total_bytes, load_model_shape, plan_gpu
 
 # nvidia-smi's memory.total (MiB) of the cards in tests/fixtures/gpu (H200: recorded; the others: public specifications)
@@ -22,7 +22,6 @@ GPU_MEMORY_MIB = {
     "NVIDIA GeForce RTX 4090": 24564,
     "NVIDIA GeForce RTX 4070": 12282,
 }
-HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
 
 
 @dataclass
@@ -91,16 +90,3 @@ def demand_of(instance: Instance) -> InstanceDemand:
         block_size=int(options.get("block-size", 16)),
         enforce_eager=options.get("enforce-eager") is True,
     )
-
-
-def length(value) -> int | None:
-    """4096, '32k' (×1000), '32K' (×1024), None / 'auto' (the default) → tokens, as vLLM reads them."""
-    if value is None or str(value).lower() in ("auto", "-1"):
-        return None
-    if isinstance(value, int):
-        return value
-    match = HUMAN_INT.match(str(value))
-    if not match:
-        raise ValueError(f"cannot read {value!r} as a number of tokens")
-    number, unit = match.groups()
-    return int(float(number) * {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20}[unit])

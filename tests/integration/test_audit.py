@@ -261,5 +261,8 @@ def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
     # what it serves is reported, and answers (the API key is read from the process on the host)
     assert checks["my-llm.service: GET /v1/models"]["status"] == "passed", checks["my-llm.service: GET /v1/models"]
     assert checks["my-llm.service: GET /v1/models"]["actual"] == "facebook/opt-125m"
+    # the readiness probe finds the key on the command line too, and gets a completion served
+    assert checks["my-llm.service: ready (one request served)"]["status"] == "passed", checks[
+        "my-llm.service: ready (one request served)"]
     assert checks["my-llm.service: listening"]["actual"] == "0.0.0.0:8000"
     assert checks["my-llm.service: active"]["status"] == "passed"

@@ -99,6 +99,7 @@ def test_false_asks_for_the_negative_flag_of_that_version(version, negative):
     assert option_problems(version, {"enable-prefix-caching": False}) == {"enable-prefix-caching": (
         f"false is dropped by vLLM's config file reader, so the default stays — write `{negative}: true`")}
     assert option_problems(version, {negative: True}) == {}
+    assert option_problems(version, {"no-enable-prefix-caching": True}) == {}  # 0.33 still parses the old form
 
 
 def test_flags_that_exist_in_one_supported_version_only():
