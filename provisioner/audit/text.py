@@ -56,3 +56,18 @@ def shown_command(argv: list[str]) -> str:
             word = "<redacted>"
         shown.append(word)
     return " ".join(shown)
+
+
+def modprobe_dry_run(module: str, output: str) -> tuple[bool, str]:
+    """`modprobe -n -v MODULE` → (refused, what it would do to MODULE itself). kmod prints the
+    modules it would load first (`insmod …/dep.ko`), then the module's own action: `insmod
+    …/MODULE.ko options` (loaded: not refused) or `install COMMAND options` (an install line ran
+    instead, e.g. /bin/false: refused)."""
+    lines = [" ".join(line.split()) for line in output.splitlines() if line.strip()]
+    own = [line for line in lines if line.startswith("insmod ") and line.split()[1].endswith(f"/{module}.ko")]
+    if own:
+        return False, f"would load: {own[0]}"
+    installs = [line for line in lines if line.startswith("install ")]
+    if installs:
+        return True, installs[-1]
+    return False, lines[-1] if lines else "no output"

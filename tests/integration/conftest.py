@@ -5,10 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.lab.hosts import Lab, TestHost
+from tests.lab.vm import VM_TIMINGS, VirtualMachine, accelerator, ensure_image
 
 # Paths that change on a host by merely running (logs, ansible's temp files, systemd state):
 # everything else written to a host's disk shows up in its overlay's upper layer.
@@ -31,6 +34,36 @@ def lab():
         )
     with Lab() as created:
         yield created
+
+
+
+
+@pytest.fixture(scope="session")
+def vm():
+    """One qemu virtual machine booting Debian's own kernel (tests/lab/vm.py), shared by the session's
+    real-kernel tests: booted once here, rebooted by them, powered off at the end."""
+    missing = [tool for tool in ("qemu-system-x86_64", "qemu-img", "mmdebstrap", "sfdisk", "mkfs.ext4", "zstd")
+               if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(f"the VM tests need root and {', '.join(missing) or 'nothing more'}: run .ci/run (it installs them)")
+    image = ensure_image()
+    VM_TIMINGS[f"image ({'built' if image.built else 'cached'})"] = image.seconds
+    workdir = Path(tempfile.mkdtemp(prefix="vp-vm-", dir="/var/tmp"))
+    machine = VirtualMachine.start(image, workdir, accel=accelerator(image), name="kvm0")
+    try:
+        VM_TIMINGS["accelerator"] = machine.accel
+        VM_TIMINGS["boot to SSH"] = machine.wait_for_ssh(timeout=600)
+        yield machine
+    finally:
+        machine.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if VM_TIMINGS:
+        shown = (f"{name} {value:.1f} s" if isinstance(value, float) else f"{name} {value}"
+                 for name, value in VM_TIMINGS.items())
+        terminalreporter.write_line("virtual machine: " + ", ".join(shown))
 
 
 @pytest.fixture

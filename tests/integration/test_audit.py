@@ -31,7 +31,7 @@ from tests.lab.specs import (
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 CONTAINER_NOT_APPLICABLE = {
     "sysctl live: vm.swappiness", "sysctl live: vm.max_map_count", "nouveau blacklist in the initramfs",
-    "kernel cmdline: nouveau flags", "reboot pending for nouveau",
+    "kernel cmdline: nouveau flags", "reboot pending for nouveau", "modprobe refuses nouveau",
 }
 UNIT = "vllm-chat.service"
 GPU_CHECKS = ("GPU count", "GPU 0 model", "GPU 0 uuid", "GPU 0 power limit", "GPU 0 persistence mode",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,7 +39,7 @@ SUPERVISOR = r"""
 for hierarchy in {hierarchies}; do echo $$ > /sys/fs/cgroup/$hierarchy/{cgroup}/cgroup.procs; done
 while true; do
   systemd-nspawn --quiet --boot --register=no --keep-unit --console=read-only \
-    --machine={machine} --directory={root} --network-bridge={bridge}
+    --machine={machine} --directory={root} --network-bridge={bridge}{binds}
   status=$?
   [ "$status" -eq {reboot_exit} ] || exit "$status"
   echo "--- reboot ---"
@@ -61,6 +62,8 @@ class TestHost:
     base: Path  # upper/, work/, root/ (the merged overlay), console.log
     bridge: str = "vplab0"
     supervisor: subprocess.Popen | None = field(default=None, repr=False)
+    ssh_port: int = 22
+    binds: tuple[str, ...] = ()  # folders of this machine shown read-only at the same path on the host
 
     __test__ = False  # not a pytest test class
 
@@ -75,6 +78,7 @@ class TestHost:
     def ssh_command(self, *remote: str) -> list[str]:
         return [
             "ssh",
+            "-p", str(self.ssh_port),
             "-i", str(self.ssh_key),
             "-o", f"UserKnownHostsFile={self.known_hosts}",
             "-o", "StrictHostKeyChecking=yes",
@@ -110,7 +114,7 @@ class TestHost:
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             if self.supervisor is not None and self.supervisor.poll() is not None:
-                raise RuntimeError(f"{self.name}: container exited early\n{self.console_tail()}")
+                raise RuntimeError(f"{self.name}: exited early\n{self.console_tail()}")
             result = subprocess.run(
                 self.ssh_command("systemctl is-system-running --wait"),
                 capture_output=True, text=True, timeout=timeout,
@@ -191,12 +195,13 @@ class Lab:
         return str(address)
 
     # -- hosts ----------------------------------------------------------------
-    def boot(self, name: str) -> TestHost:
+    def boot(self, name: str, binds: tuple[str, ...] = ()) -> TestHost:
         """Create and boot one host; returns once SSH answers and boot finished."""
-        return self.boot_many([name])[0]
+        return self.boot_many([name], binds)[0]
 
-    def boot_many(self, names: list[str]) -> list[TestHost]:
-        """Boot several hosts in parallel (their boots overlap)."""
+    def boot_many(self, names: list[str], binds: tuple[str, ...] = ()) -> list[TestHost]:
+        """Boot several hosts in parallel (their boots overlap); `binds`: folders of this machine each
+        host sees read-only at the same path."""
         hosts = []
         for name in names:
             if any(h.name == name for h in self.hosts):
@@ -208,6 +213,7 @@ class Lab:
                 known_hosts=self.known_hosts,
                 base=self.workdir / "hosts" / name,
                 bridge=self.bridge,
+                binds=tuple(binds),
             )
             self.hosts.append(host)
             self._prepare_disk(host)
@@ -260,6 +266,7 @@ class Lab:
             machine=f"{self.bridge[2:]}{host.name}",
             root=host.root,
             bridge=self.bridge,
+            binds="".join(f" --bind-ro={shlex.quote(path)}" for path in host.binds),
             reboot_exit=NSPAWN_REBOOT_EXIT,
         )
         console = open(host.base / "console.log", "ab")

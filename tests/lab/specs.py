@@ -53,7 +53,7 @@ def host_entry(host: TestHost, **settings) -> dict:
     return {
         "name": host.name,
         "address": host.address,
-        "ssh": {"user": "root", "port": 22, "key": str(host.ssh_key), "known_hosts": str(host.known_hosts)},
+        "ssh": {"user": "root", "port": host.ssh_port, "key": str(host.ssh_key), "known_hosts": str(host.known_hosts)},
         "settings": {
             "swappiness": 1,
             "sysctls": {"vm.max_map_count": 262144},

@@ -46,7 +46,7 @@ def test_nouveau_files_are_the_rendered_templates(seed1):
     (plan,) = build_plan(spec)
     nouveau = target.expected["nouveau"]
     assert nouveau["files"] == {file.path: file.content for file in plan.nouveau_files}
-    assert nouveau["modprobe_lines"] == ["blacklist nouveau", "options nouveau modeset=0"]
+    assert nouveau["modprobe_lines"] == ["blacklist nouveau", "install nouveau /bin/false", "options nouveau modeset=0"]
     assert nouveau["modules"] == ["nouveau"]
     assert nouveau["cmdline_flags"] == ["nouveau.modeset=0", "rd.driver.blacklist=nouveau", "modprobe.blacklist=nouveau"]
     assert nouveau["initramfs_file"] == "etc/modprobe.d/blacklist-nouveau.conf"

@@ -15,6 +15,7 @@ import pytest
 from provisioner.audit.checks import Audit, Drift
 from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
 from provisioner.audit.expectations import is_vllm_command
+from provisioner.audit.text import modprobe_dry_run
 from provisioner.audit.suite.facts import (
     HTTP_PROBE,
     HTTPS_PROBE,
@@ -268,3 +269,24 @@ def test_the_readiness_probe_says_why_when_nothing_listens():
         port = unused.getsockname()[1]
     refused = ready(port, "org/model")
     assert refused.returncode == 1 and "Connection refused" in refused.stderr
+
+
+KERNEL_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
+
+
+def test_modprobe_dry_run_recorded_on_debian_kernel_is_refused():
+    """Recorded in the qemu VM (Debian 6.1 kernel, kmod 30) with our blacklist-nouveau.conf."""
+    output = (KERNEL_FIXTURES / "modprobe-dry-run-nouveau.txt").read_text()
+    assert modprobe_dry_run("nouveau", output) == (True, "install /bin/false modeset=0")
+
+
+def test_modprobe_dry_run_without_the_install_line_would_load_the_module():
+    output = (KERNEL_FIXTURES / "modprobe-dry-run-nouveau.txt").read_text().replace(
+        "install /bin/false modeset=0", "insmod /lib/modules/6.1.0-57-amd64/kernel/drivers/gpu/drm/nouveau/nouveau.ko modeset=0")
+    refused, actual = modprobe_dry_run("nouveau", output)
+    assert not refused
+    assert actual == "would load: insmod /lib/modules/6.1.0-57-amd64/kernel/drivers/gpu/drm/nouveau/nouveau.ko modeset=0"
+
+
+def test_modprobe_dry_run_with_nothing_printed_is_not_refused():
+    assert modprobe_dry_run("nouveau", "") == (False, "no output")

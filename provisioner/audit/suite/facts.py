@@ -64,6 +64,7 @@ class HostFacts:
     files: dict[str, str | None]
     modprobe_lines: set[str]
     modules: set[str]
+    modprobe_dry_runs: dict[str, Output]  # module → what `modprobe -n -v module` would do
     cmdline: list[str]
     initramfs: Output | None
     reboot_lines: set[str]
@@ -117,6 +118,8 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         commands[f"live{index}"] = f"cat {shlex.quote(proc_sys_path(key))}"
     for index, path in enumerate(nouveau_files(nouveau)):
         commands[f"file{index}"] = f"cat {shlex.quote(path)}"
+    for index, module in enumerate(nouveau.get("modules", [])):
+        commands[f"modprobe_dry{index}"] = f"modprobe -n -v {shlex.quote(module)}"
     if nouveau.get("initramfs_file"):
         commands["initramfs"] = INITRAMFS_SCRIPT.format(path=shlex.quote(nouveau["initramfs_file"]))
     if nouveau.get("reboot_marker"):
@@ -186,6 +189,7 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         },
         modprobe_lines={" ".join(line.split()) for line in out["modprobe"].text.splitlines()},
         modules=set(out["modules"].text.split()),
+        modprobe_dry_runs={module: out[f"modprobe_dry{index}"] for index, module in enumerate(nouveau.get("modules", []))},
         cmdline=out["cmdline"].text.split(),
         initramfs=out.get("initramfs"),
         reboot_lines=set(out["reboot"].text.splitlines()) if "reboot" in out and out["reboot"].rc == 0 else set(),

@@ -4,6 +4,7 @@ A container has no kernel, initramfs or boot loader of its own: those checks are
 """
 
 from provisioner.audit.checks import ABSENT, each
+from provisioner.audit.text import modprobe_dry_run
 
 
 def when_enabled(key: str):
@@ -43,9 +44,15 @@ def test_in_initramfs(case, facts, audit):
 
 
 @each(lambda expected: expected["nouveau"].get("modules", []))
-def test_module_not_loaded(case, facts, audit):
+def test_modprobe_refuses_module(case, facts, audit):
+    """`blacklist` alone still lets `modprobe nouveau` (or a module needing it) load it."""
     module = case.item
-    audit.expect(f"{module} module", "not loaded", "loaded" if module in facts.modules else "not loaded")
+    check, expected = f"modprobe refuses {module}", "install /bin/false (modprobe -n -v)"
+    if facts.container:
+        audit.not_applicable(check, expected, f"a container ({facts.container}) loads no kernel modules")
+    dry_run = facts.modprobe_dry_runs[module]
+    refused, actual = modprobe_dry_run(module, dry_run.text)
+    audit.expect(check, expected, actual if dry_run.text.strip() else f"exit {dry_run.rc}, no output", passed=refused)
 
 
 @when_enabled("cmdline_flags")

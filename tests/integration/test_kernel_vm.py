@@ -1,0 +1,179 @@
+"""The host roles on a real kernel: a qemu virtual machine booting Debian bookworm's own kernel through GRUB.
+
+What containers cannot show is proven here: live sysctls, the nouveau blacklist inside the initramfs,
+the kernel command line after a reboot through GRUB, `modprobe` refusing nouveau, the reboot-required
+marker, /dev/shm from fstab after a boot, the vLLM unit (TEST DOUBLE server: no GPU here) started by
+systemd at boot, and the audit's live checks, which are n/a in containers, passing.
+
+One machine serves the whole module (fixture `vm`, booted once): the tests run in file order, the
+fixtures below apply once and reboot once, and each test checks one thing of that shared history.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from provisioner.apply import TaskResult, apply_spec
+from provisioner.audit.runner import disconnect
+from provisioner.audit.expectations import spec_targets
+from provisioner.spec import load_spec
+from tests.integration.test_audit import CONTAINER_NOT_APPLICABLE, audit_one, not_passed
+from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
+from tests.lab.vm import VM_TIMINGS
+
+UNIT = "vllm-chat.service"
+FLAGS = ("nouveau.modeset=0", "rd.driver.blacklist=nouveau", "modprobe.blacklist=nouveau")
+SHM_BYTES = 1 << 30  # host_entry's shm_size: 1G
+# what a run may write without changing the host: logs, journals, caches, Ansible's own temp files
+VOLATILE = ("/run", "/var/log", "/var/lib/systemd", "/var/cache", "/var/tmp", "/tmp", "/root", "/var/lib/apt", "/var/lib/dpkg")
+FILES_WRITTEN_SINCE_MARKER = (
+    "find / -xdev \\( " + " -o ".join(f"-path {path}" for path in VOLATILE) + " \\) -prune -o "
+    "-newer /run/vp-marker -print"
+)
+
+
+def timed(name: str, started: float) -> None:
+    VM_TIMINGS[name] = time.monotonic() - started
+
+
+def slowest(started: float, finished: list[tuple[float, str]], count: int = 4) -> str:
+    """The tasks that took longest, from the times their results arrived (one host: one after another)."""
+    took = [(at - before, label) for (at, label), before in zip(finished, [started, *(at for at, _ in finished)])]
+    return "; ".join(f"{label} {seconds:.0f} s" for seconds, label in sorted(took, reverse=True)[:count])
+
+
+def audit(spec):
+    try:
+        return audit_one(spec)
+    finally:
+        disconnect([target.connection for target in spec_targets(spec)])
+
+
+@pytest.fixture(scope="module")
+def spec(vm, tmp_path_factory):
+    install_standin(vm)
+    path = tmp_path_factory.mktemp("vm") / "spec.yml"
+    return load_spec(write_spec(path, [host_entry(vm)], [instance_entry(vm, "chat", 8000, share=0.9)]))
+
+
+@pytest.fixture(scope="module")
+def history(vm, spec):
+    """Check mode, apply, apply again, then the audit before the reboot: what each did, for the tests."""
+    record = {"swappiness before": vm.ssh("cat /proc/sys/vm/swappiness").stdout.strip()}
+    vm.ssh("touch /run/vp-marker && sleep 1")
+    started = time.monotonic()
+    record["check"] = apply_spec(spec, check=True)
+    timed("check mode", started)
+    record["written by check mode"] = vm.ssh(FILES_WRITTEN_SINCE_MARKER).stdout.split()
+    record["swappiness after check"] = vm.ssh("cat /proc/sys/vm/swappiness").stdout.strip()
+    record["reboot marker after check"] = vm.ssh("test -e /run/reboot-required && echo present || echo absent").stdout.strip()
+    started = time.monotonic()
+    finished: list[tuple[float, str]] = []
+    record["apply"] = apply_spec(spec, on_result=lambda result: finished.append((time.monotonic(), result.label)))
+    timed("first apply", started)
+    VM_TIMINGS["its slowest tasks"] = slowest(started, finished)
+    started = time.monotonic()
+    record["apply again"] = apply_spec(spec)
+    timed("second apply", started)
+    record["audit before reboot"] = audit(spec)
+    return record
+
+
+@pytest.fixture(scope="module")
+def rebooted(vm, history):
+    VM_TIMINGS["reboot to SSH"] = vm.reboot(timeout=600)
+    return vm
+
+
+# -- before the reboot ---------------------------------------------------------------------------
+
+
+def test_check_mode_reports_changes_and_writes_nothing(history):
+    assert history["check"].succeeded, history["check"].problems
+    assert history["check"].changed > 0
+    assert history["written by check mode"] == []
+    assert history["reboot marker after check"] == "absent"
+    assert history["swappiness after check"] == history["swappiness before"] != "1"
+
+
+def test_converges_then_a_second_apply_changes_nothing(history):
+    assert history["apply"].succeeded, history["apply"].problems
+    assert history["apply"].changed > 0
+    assert history["apply again"].succeeded, history["apply again"].problems
+    assert history["apply again"].changed == 0
+
+
+def test_sysctls_are_live_in_the_kernel(vm, history):
+    assert vm.ssh("sysctl -n vm.swappiness vm.max_map_count").stdout.split() == ["1", "262144"]
+
+
+def test_the_initramfs_carries_the_blacklist(vm, history):
+    listing = vm.ssh("lsinitramfs /boot/initrd.img-$(uname -r)").stdout.splitlines()
+    assert "etc/modprobe.d/blacklist-nouveau.conf" in listing
+    unpacked = vm.ssh("d=$(mktemp -d) && unmkinitramfs /boot/initrd.img-$(uname -r) $d && "
+                      "cat $(find $d -path '*etc/modprobe.d/blacklist-nouveau.conf' | head -1)").stdout
+    assert "blacklist nouveau" in unpacked.splitlines()
+
+
+def test_grub_config_and_reboot_marker_wait_for_the_reboot(vm, history):
+    grub_cfg = vm.ssh("grep -m1 'linux\\s*/boot/vmlinuz' /boot/grub/grub.cfg").stdout
+    assert all(flag in grub_cfg.split() for flag in FLAGS), grub_cfg
+    assert not any(flag in vm.ssh("cat /proc/cmdline").stdout.split() for flag in FLAGS)
+    assert "vllm-provision:nouveau" in vm.ssh("cat /run/reboot-required.pkgs").stdout.split()
+
+
+def test_audit_before_the_reboot_names_the_missing_kernel_flags(history):
+    failed = not_passed(history["audit before reboot"])
+    assert set(failed) == {"kernel cmdline: nouveau flags", "reboot pending for nouveau"}
+    assert failed["kernel cmdline: nouveau flags"][1] == "none of them"
+    assert failed["reboot pending for nouveau"] == ("no", "yes (vllm-provision:nouveau in /run/reboot-required.pkgs)")
+
+
+# -- after the reboot ----------------------------------------------------------------------------
+
+
+def test_the_kernel_booted_with_the_nouveau_flags(rebooted):
+    cmdline = rebooted.ssh("cat /proc/cmdline").stdout.split()
+    assert all(flag in cmdline for flag in FLAGS), cmdline
+
+
+def test_modprobe_refuses_nouveau(rebooted):
+    assert rebooted.ssh("modinfo -n nouveau").stdout.strip().endswith("nouveau.ko")  # the kernel ships it
+    dry_run = rebooted.ssh("modprobe -n -v nouveau").stdout
+    # kmod loads nouveau's dependencies, then runs the install line instead of loading nouveau.ko
+    assert dry_run.splitlines()[-1].split()[:2] == ["install", "/bin/false"], dry_run
+    assert "/nouveau.ko" not in dry_run
+    assert "nouveau" not in rebooted.ssh("cut -d' ' -f1 /proc/modules").stdout.split()
+
+
+def test_the_reboot_marker_is_cleared(rebooted):
+    assert rebooted.ssh("test -e /run/reboot-required.pkgs; echo $?").stdout.strip() == "1"
+
+
+def test_settings_survive_the_reboot(rebooted):
+    assert rebooted.ssh("sysctl -n vm.swappiness vm.max_map_count").stdout.split() == ["1", "262144"]
+    assert int(rebooted.ssh("findmnt -n -b -o SIZE /dev/shm").stdout) == SHM_BYTES
+    assert rebooted.ssh(f"systemctl is-enabled {UNIT}; systemctl is-active {UNIT}").stdout.split() == ["enabled", "active"]
+
+
+def test_after_the_reboot_the_audit_passes_with_its_live_checks(rebooted, spec):
+    report = audit(spec)
+    assert not_passed(report) == {}
+    statuses = {check.check: check.status for check in report.checks}
+    assert {statuses[name] for name in CONTAINER_NOT_APPLICABLE} == {"passed"}
+    assert statuses[f"{UNIT}: ready (one request served)"] == "passed"
+
+
+def test_live_drift_is_named_and_the_next_apply_repairs_only_that(rebooted, spec):
+    """Also: after the reboot everything else is still in place (the apply changes nothing more)."""
+    rebooted.ssh("sysctl -w vm.swappiness=60")
+    assert not_passed(audit(spec)) == {"sysctl live: vm.swappiness": ("1", "60")}
+    results: list[TaskResult] = []
+    repaired = apply_spec(spec, on_result=results.append)
+    assert repaired.succeeded, repaired.problems
+    assert [result.label for result in results if result.status == "changed"] == [
+        "sysctl : Set the kernel parameters that differ"
+    ]
+    assert rebooted.ssh("sysctl -n vm.swappiness").stdout.strip() == "1"
