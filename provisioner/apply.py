@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ansible_runner
 
 from provisioner import paths
 from provisioner.inventory import write_inventory
@@ -184,6 +183,8 @@ def run_playbook(
     # ansible-runner starts ansible-playbook from PATH: the one installed beside this Python
     venv_bin = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="provision-run-") as private_dir:
+        import ansible_runner  # only here: the other commands run where Ansible is not installed (a GPU host)
+
         runner = ansible_runner.run(
             private_data_dir=private_dir,
             playbook=str(playbook),

@@ -76,8 +76,8 @@ def service_instance(host: Host, instance: Instance) -> dict[str, Any]:
         "port": instance.port,
         "gpu_uuids": [host.gpu_uuid(ref) for ref in instance.gpus],
         "gpu_memory_utilization": instance.gpu_memory_utilization,
-        "options": _sorted(instance.options),
-        "env": _sorted(instance.env),
+        "options": _sorted(instance.serve_options),
+        "env": _sorted(instance.serve_env),
         "api_key_file": instance.api_key_file,
     }
 

@@ -163,7 +163,8 @@ def _is_loopback(address: str) -> bool:
 
 
 def _int_option(instance: Instance, name: str) -> int:
-    value = instance.options.get(name, instance.options.get(name.replace("-", "_"), 1))
+    options = instance.serve_options
+    value = options.get(name, options.get(name.replace("-", "_"), 1))
     return value if isinstance(value, int) and not isinstance(value, bool) else 1
 
 

@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from provisioner.vllm import flags
+from provisioner.vllm.profiles import profile_env, profile_options
 
 # --------------------------------------------------------------------------- errors
 
@@ -275,6 +276,9 @@ class Instance(_Model):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="--gpu-memory-utilization: this instance's share of each of its GPUs"
     )
+    profile: Literal["latency", "throughput"] | None = Field(
+        None, description="planner profile: latency (one user, fastest tokens) or throughput (many users); null: vLLM's defaults"
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="other `vllm serve` flags: long names without --, e.g. {max-model-len: 4096}"
     )
@@ -282,6 +286,19 @@ class Instance(_Model):
     api_key_file: SpecPath | None = Field(
         None, description="file (relative to the spec) whose content becomes VLLM_API_KEY; null: no key"
     )
+
+
+    @property
+    def serve_options(self) -> dict[str, Any]:
+        """The `vllm serve` flags the instance runs with: its profile's, overridden by its own options."""
+        own = {key.replace("_", "-"): value for key, value in self.options.items()}
+        return {**{key: value for key, value in profile_options(self.profile).items() if key not in own},
+                **self.options}
+
+    @property
+    def serve_env(self) -> dict[str, str]:
+        """The environment the instance runs with: its profile's, overridden by its own env."""
+        return {**profile_env(self.profile), **self.env}
 
 
 class Spec(_Model):

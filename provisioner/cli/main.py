@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from provisioner.cli import apply_cmd, audit_cmd, facts_cmd, spec_cmds, wheelhouse_cmd
+from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, spec_cmds, wheelhouse_cmd
 
 app = typer.Typer(
     name="provision",
@@ -20,6 +20,7 @@ app.command("apply")(apply_cmd.apply)
 app.command("facts")(facts_cmd.facts)
 app.command("audit")(audit_cmd.audit)
 app.command("wheelhouse")(wheelhouse_cmd.wheelhouse)
+app.command("bench")(bench_cmd.bench)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def tensor_parallel_p2p_warnings(host: Any, instances: list[Any], facts: GpuFact
     warnings = []
     for instance in instances:
         size = _tensor_parallel_size(instance)
-        if size < 2 or P2P_DISABLE in (instance.env or {}):
+        if size < 2 or P2P_DISABLE in instance.serve_env:
             continue
         indexes = [index for index in (_device_index(host, ref) for ref in instance.gpus) if index is not None]
         groups = [indexes[start:start + size] for start in range(0, len(indexes), size)]
@@ -80,7 +80,7 @@ def describe_link(link: GpuLink) -> str:
 
 
 def _tensor_parallel_size(instance: Any) -> int:
-    options = instance.options or {}
+    options = instance.serve_options
     value = options.get("tensor-parallel-size", options.get("tensor_parallel_size", 1))
     return value if isinstance(value, int) and not isinstance(value, bool) else 1
 

@@ -76,7 +76,7 @@ def device_memory_mib(device) -> int | None:
 
 def demand_of(instance: Instance) -> InstanceDemand:
     """What the planner needs of an instance: its model's shape and the flags that size memory."""
-    options = {key.replace("_", "-"): value for key, value in instance.options.items()}
+    options = {key.replace("_", "-"): value for key, value in instance.serve_options.items()}
     return InstanceDemand(
         name=instance.name,
         shape=load_model_shape(instance.model),

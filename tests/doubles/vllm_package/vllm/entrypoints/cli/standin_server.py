@@ -1,10 +1,15 @@
-"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, a 1-token
-/v1/completions (the served model name only), /standin/process (argv, parsed options, CUDA environment).
-Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health. STANDIN_STARTUP_DELAY (seconds) delays the
-listening socket, like a slow model load."""
+"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions
+(the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
+token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
+options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health.
+Timing, so that `vllm bench serve` measures something: STANDIN_TTFT_MS before the first token,
+STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generating at once (the rest
+wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
+model load."""
 import json
 import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -30,6 +35,9 @@ def serve(options):
     }
     if "VLLM_API_KEY" in process["env"]:  # never expose the secret itself
         process["env"]["VLLM_API_KEY"] = "<set>"
+    first_token_s = float(os.environ.get("STANDIN_TTFT_MS", "5")) / 1000
+    per_token_s = float(os.environ.get("STANDIN_TPOT_MS", "1")) / 1000
+    running = threading.BoundedSemaphore(int(options.get("max_num_seqs") or 256))
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
@@ -73,9 +81,32 @@ def serve(options):
                 return self._send(404, {"error": {"message": f"The model `{request.get('model')}` does not exist.",
                                                   "type": "NotFoundError", "code": 404}})
             tokens = int(request.get("max_tokens") or 16)
-            self._send(200, {"object": "text_completion", "model": request["model"],
-                             "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": 1 + tokens}})
+            prompt = request.get("prompt") or ""
+            usage = {"prompt_tokens": len(str(prompt).split()) or 1, "completion_tokens": tokens}
+            usage["total_tokens"] = usage["prompt_tokens"] + tokens
+            if not request.get("stream"):
+                return self._send(200, {"object": "text_completion", "model": request["model"],
+                                        "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
+                                        "usage": usage})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            with running:
+                time.sleep(first_token_s)
+                for index in range(tokens):
+                    if index:
+                        time.sleep(per_token_s)
+                    last = index == tokens - 1
+                    self._event({"object": "text_completion", "model": request["model"],
+                                 "choices": [{"index": 0, "text": " w", "logprobs": None,
+                                              "finish_reason": "length" if last else None}]})
+            if (request.get("stream_options") or {}).get("include_usage"):
+                self._event({"object": "text_completion", "model": request["model"], "choices": [], "usage": usage})
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def _event(self, body):
+            self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            self.wfile.flush()
 
         def log_message(self, *args):
             pass

@@ -1,0 +1,180 @@
+"""Benchmark (not a test), run on the lent H200 with gpu-lab's real vLLM 0.25.0 (a Qwen2.5-7B-shaped
+model, --load-format dummy): vLLM's defaults against the planner profiles `latency` and `throughput`,
+side by side on one GPU, through `provision bench`.
+
+  python3 -m bench.h200.run prepare            wrappers, spec (this GPU's UUID), rendered config files
+  python3 -m bench.h200.run serve NAME…        start the instances as their units would, one after another
+  python3 -m bench.h200.run trace NAME         where the time of a batch-1 decode step goes (torch profiler)
+  python3 -m bench.h200.run stop
+
+The machine is lent bare (no systemd, no network, no vllm console script): `prepare` lays vLLM out as
+the role vllm_install would (/opt/vllm/venv/bin/vllm and python, here wrappers around the bundle's
+`python3 -m vllm.entrypoints.cli.main`) and writes what apply would write (/etc/vllm/<name>.yaml and
+.env, rendered by the same plan); `serve` starts each server with its unit's ExecStart and environment,
+and waits with its ExecStartPost readiness probe. Each instance gets 0.15 of the GPU, so all six fit.
+Nothing here changes the GPU's settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from provisioner.plan import build_plan
+from provisioner.spec import load_spec
+
+STAGE = Path("/root/stage/stage")
+WORK = Path("/root/h200")
+SPEC = WORK / "spec.yml"
+LOGS = WORK / "logs"
+TRACES = WORK / "traces"
+VENV_BIN = Path("/opt/vllm/venv/bin")
+BUNDLE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+              "VLLM_NO_USAGE_STATS": "1"}
+SHARE = 0.15
+PROFILER = {"profiler": "torch", "torch_profiler_dir": str(TRACES), "torch_profiler_with_stack": False,
+            "ignore_frontend": True}
+# name: (port, profile, extra options, extra env)
+INSTANCES = {
+    "defaults": (8001, None, {}, {}),
+    "latency": (8002, "latency", {}, {}),
+    "throughput": (8003, "throughput", {}, {}),
+    "latency-v1runner": (8004, "latency", {}, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+    "latency-cublaslt": (8005, "latency", {}, {"TORCH_BLAS_PREFER_CUBLASLT": "1"}),
+    "trace": (8006, "latency", {"profiler-config": PROFILER}, {}),
+}
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def gpu_uuid() -> str:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
+    return re.search(r"UUID: (GPU-[0-9a-f-]+)", out).group(1)
+
+
+def prepare() -> None:
+    """vLLM laid out as the install role would, the spec, and the files apply would write."""
+    VENV_BIN.mkdir(parents=True, exist_ok=True)
+    path = f"export PYTHONPATH={STAGE}/site${{PYTHONPATH:+:$PYTHONPATH}}\n"
+    (VENV_BIN / "vllm").write_text(f"#!/bin/sh\n{path}exec python3 -m vllm.entrypoints.cli.main \"$@\"\n")
+    (VENV_BIN / "python").write_text(f"#!/bin/sh\n{path}exec python3 \"$@\"\n")
+    for name in ("vllm", "python"):
+        (VENV_BIN / name).chmod(0o755)
+    WORK.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "version": 1,
+        "hosts": [{"name": "h200", "address": "127.0.0.1", "settings": {"nouveau_blacklist": False},
+                   "gpus": {"devices": [{"index": 0, "uuid": gpu_uuid(), "model": "NVIDIA H200"}]},
+                   "vllm": {"version": "0.25.0", "install_path": "/opt/vllm"}}],
+        "instances": [
+            {"name": name, "host": "h200", "model": str(STAGE / "model"), "port": port, "gpus": [0],
+             "gpu_memory_utilization": SHARE, **({"profile": profile} if profile else {}),
+             "options": {"tokenizer": str(STAGE / "tok"), "load-format": "dummy", **options},
+             "env": {**BUNDLE_ENV, **env}}
+            for name, (port, profile, options, env) in INSTANCES.items()
+        ],
+    }
+    SPEC.write_text(yaml.safe_dump(spec, sort_keys=False))
+    (plan,) = build_plan(load_spec(SPEC))
+    if plan.memory_problems:
+        sys.exit("\n".join(plan.memory_problems))
+    for unit in plan.units:
+        for planned in (unit.config_file, unit.env_file, unit.unit):
+            Path(planned.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(planned.path).write_text(planned.content)
+    print(json.dumps({"spec": str(SPEC), "units": [unit.instance for unit in plan.units]}))
+
+
+def _units() -> dict:
+    (plan,) = build_plan(load_spec(SPEC))
+    return {unit.instance: unit for unit in plan.units}
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def serve(names: list[str]) -> None:
+    """Start each instance as its unit would (ExecStart, Environment=), the next one once the previous
+    has its KV cache (vLLM's memory check has passed), then wait for each with ExecStartPost's probe."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    TRACES.mkdir(parents=True, exist_ok=True)
+    units = _units()
+    # ExecStartPost's probe, from this checkout (the role installs the same file at vllm_service_wait_ready)
+    probe = Path(__file__).resolve().parents[2] / "roles/vllm_service/files/wait-ready"
+    started = {}
+    for name in names:
+        unit = units[name]
+        port = INSTANCES[name][0]
+        if healthy(port):
+            print(f"{name}: already serving on {port}", flush=True)
+            continue
+        service = _service(unit.unit.content)
+        env = {**os.environ, **unit.environment}
+        env.pop("VLLM_API_KEY", None)
+        log = open(LOGS / f"{name}.log", "w")
+        begin = time.monotonic()
+        home = Path(unit.environment["HF_HOME"]).parent  # the unit's WorkingDirectory (vllm_service_home)
+        Path(unit.environment["HF_HOME"]).mkdir(parents=True, exist_ok=True)
+        process = subprocess.Popen(shlex.split(service["ExecStart"]), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=home)
+        started[name] = (process, begin, service)
+        while process.poll() is None and not KV_LINE.search((LOGS / f"{name}.log").read_text(errors="replace")):
+            time.sleep(1)
+        print(f"{name}: KV cache after {time.monotonic() - begin:.0f} s", flush=True)
+    timings = {}
+    for name, (process, begin, service) in started.items():
+        post = shlex.split(service["ExecStartPost"].replace("${MAINPID}", str(process.pid)))
+        post = [sys.executable, str(probe), *post[2:]]
+        post[post.index("--timeout") + 1] = "600"
+        ready = subprocess.run(post, capture_output=True, text=True)
+        text = (LOGS / f"{name}.log").read_text(errors="replace")
+        kv = KV_LINE.search(text)
+        timings[name] = {"ready_rc": ready.returncode, "seconds_to_ready": round(time.monotonic() - begin, 1),
+                         "kv_tokens": int(kv.group(1).replace(",", "")) if kv else None,
+                         "probe": (ready.stdout + ready.stderr).strip()[-300:]}
+        print(name, json.dumps(timings[name]), flush=True)
+        if ready.returncode:
+            print(text[-3000:], flush=True)
+
+
+def _service(content: str) -> dict[str, str]:
+    return {key: value for key, _, value in (line.partition("=") for line in content.splitlines())
+            if key in ("ExecStart", "ExecStartPost")}
+
+
+def stop() -> None:
+    subprocess.run(["pkill", "-f", "vllm.entrypoints.cli.main serve"], check=False)
+
+
+def main(argv: list[str]) -> None:
+    command, *rest = argv
+    if command == "prepare":
+        prepare()
+    elif command == "serve":
+        serve(rest or list(INSTANCES))
+    elif command == "trace":
+        from bench.h200.decode_trace import trace
+
+        trace(rest[0] if rest else "trace", INSTANCES[rest[0] if rest else "trace"][0], TRACES, STAGE)
+    elif command == "stop":
+        stop()
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,122 @@
+"""Run results and run sets on disk.
+
+A run set is one `provision bench` invocation (or one value of a sweep): a folder holding
+  runset.json        what was measured: instance, host, model, load profile, server options, floor
+  runs/c<C>-r<R>.json  vLLM's own result JSON of each run, with our context under "provision"
+  summary.json       per concurrency, the median of each metric over the repeats
+Run sets are named (`--baseline NAME`, or <instance>-<UTC time>) and found by name under the results
+folder, or by path.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# the metrics a summary keeps: vLLM's result keys (latencies in ms, throughputs per second)
+THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput")
+LATENCIES = tuple(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
+                  for stat in ("mean", "median", "p50", "p90", "p99"))
+COUNTS = ("completed", "failed", "duration")
+
+
+class ResultError(ValueError):
+    """A result file or run set cannot be read; the message says which and why."""
+
+
+@dataclass
+class Run:
+    """One `vllm bench serve` run: its concurrency, repeat and seed, and vLLM's result JSON."""
+
+    concurrency: int
+    repeat: int
+    seed: int
+    result: dict[str, Any]
+
+    @property
+    def file_name(self) -> str:
+        return f"c{self.concurrency}-r{self.repeat}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.result, "provision": {"concurrency": self.concurrency, "repeat": self.repeat, "seed": self.seed}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str = "result") -> "Run":
+        context = data.get("provision") or {}
+        concurrency = context.get("concurrency", data.get("max_concurrency"))
+        if not isinstance(concurrency, int):
+            raise ResultError(f"{source}: no concurrency (neither provision.concurrency nor max_concurrency)")
+        missing = [key for key in ("completed", "output_throughput", "median_tpot_ms") if key not in data]
+        if missing:
+            raise ResultError(f"{source}: not a `vllm bench serve` result — missing {', '.join(missing)}")
+        result = {key: value for key, value in data.items() if key != "provision"}
+        return cls(concurrency, int(context.get("repeat", 0)), int(context.get("seed", -1)), result)
+
+
+@dataclass
+class RunSet:
+    name: str
+    meta: dict[str, Any]
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        return sorted({run.concurrency for run in self.runs})
+
+    def summary(self) -> dict[int, dict[str, float]]:
+        """Per concurrency, the median over repeats of every metric all its runs report."""
+        summary: dict[int, dict[str, float]] = {}
+        for concurrency in self.concurrencies:
+            runs = [run.result for run in self.runs if run.concurrency == concurrency]
+            keys = [key for key in (*THROUGHPUTS, *LATENCIES, *COUNTS)
+                    if all(isinstance(result.get(key), (int, float)) for result in runs)]
+            summary[concurrency] = {key: statistics.median(result[key] for result in runs) for key in keys}
+            summary[concurrency]["repeats"] = len(runs)
+        return summary
+
+    def save(self, folder: Path) -> Path:
+        (folder / "runs").mkdir(parents=True, exist_ok=True)
+        for run in self.runs:
+            _write_json(folder / "runs" / run.file_name, run.to_json())
+        _write_json(folder / "runset.json", {"name": self.name, **self.meta})
+        _write_json(folder / "summary.json", {str(c): values for c, values in self.summary().items()})
+        return folder
+
+
+def load_run_set(folder: Path) -> RunSet:
+    meta_file = folder / "runset.json"
+    if not meta_file.is_file():
+        raise ResultError(f"{folder}: not a run set (no runset.json)")
+    meta = _read_json(meta_file)
+    runs = [Run.from_json(_read_json(path), str(path)) for path in sorted((folder / "runs").glob("*.json"))]
+    if not runs:
+        raise ResultError(f"{folder}: the run set holds no runs")
+    name = meta.pop("name", folder.name)
+    return RunSet(name, meta, sorted(runs, key=lambda run: (run.concurrency, run.repeat)))
+
+
+def find_run_set(name_or_path: str, results_dir: Path) -> RunSet:
+    """A run set by name (a folder of `results_dir`) or by path."""
+    for candidate in (results_dir / name_or_path, Path(name_or_path)):
+        if (candidate / "runset.json").is_file():
+            return load_run_set(candidate)
+    known = sorted(path.parent.name for path in results_dir.glob("*/runset.json"))
+    hint = f" — known in {results_dir}: {', '.join(known)}" if known else f" — {results_dir} holds none yet"
+    raise ResultError(f"no run set '{name_or_path}'{hint}")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ResultError(f"{path}: cannot read it as JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ResultError(f"{path}: expected a JSON object")
+    return data
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")

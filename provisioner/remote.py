@@ -1,0 +1,75 @@
+"""Run commands on a spec host: over SSH with the options the audit uses, or right here when the host is
+this machine (its address is 127.0.0.1, ::1 or localhost: `provision` runs on the GPU server itself).
+
+Commands are shell text run by bash on the host; secrets travel on stdin, never on a command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import dataclass
+
+from provisioner.audit.expectations import Connection, spec_connection
+from provisioner.audit.runner import connection_options
+from provisioner.spec import Host
+
+LOCAL_ADDRESSES = ("127.0.0.1", "::1", "localhost")
+
+
+class RemoteError(RuntimeError):
+    """A command on the host failed; the message has its output."""
+
+
+@dataclass(frozen=True)
+class HostShell:
+    """Where a host's commands run: `connection` (SSH) unless `local`."""
+
+    name: str
+    connection: Connection
+    local: bool = False
+
+    @classmethod
+    def for_host(cls, host: Host) -> "HostShell":
+        return cls(host.name, spec_connection(host), local=host.address in LOCAL_ADDRESSES)
+
+    def argv(self, command: str) -> list[str]:
+        """The local argv that runs `command` (bash text) on the host, as root when the spec says become."""
+        if self.connection.sudo:
+            command = f"sudo -n bash -c {shlex.quote(command)}"
+        if self.local:
+            return ["bash", "-c", command]
+        options = [item for option in connection_options(self.connection) for item in ("-o", option)]
+        return ["ssh", *options, self.connection.address, "--", command]
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """Run `command`; with check, a non-zero exit raises RemoteError with what it printed."""
+        try:
+            result = subprocess.run(self.argv(command), input=stdin, capture_output=True, text=True, timeout=timeout,
+                                    stdin=None if stdin is not None else subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise RemoteError(f"{self.name}: `{_short(command)}` did not finish within {timeout:.0f} s") from None
+        if check and result.returncode != 0:
+            output = (result.stderr.strip() or result.stdout.strip())[-2000:]
+            raise RemoteError(f"{self.name}: `{_short(command)}` exited {result.returncode}: {output}")
+        return result
+
+    def popen(self, command: str, **kwargs) -> subprocess.Popen:
+        """Start `command` and return at once (for output read while it runs)."""
+        return subprocess.Popen(self.argv(command), **kwargs)
+
+    def read_text(self, path: str) -> str:
+        return self.run(f"cat {shlex.quote(path)}").stdout
+
+    def write_text(self, path: str, text: str) -> None:
+        """Replace `path` with `text` in one rename, keeping its mode and owner (or 0644 root:root when new)."""
+        quoted = shlex.quote(path)
+        self.run(f"tmp=$(mktemp {quoted}.XXXXXX) && cat > \"$tmp\" && "
+                 f"{{ chmod --reference={quoted} \"$tmp\" 2>/dev/null || chmod 0644 \"$tmp\"; }} && "
+                 f"{{ chown --reference={quoted} \"$tmp\" 2>/dev/null || true; }} && mv -f \"$tmp\" {quoted}",
+                 stdin=text)
+
+
+def _short(command: str, limit: int = 120) -> str:
+    return command if len(command) <= limit else command[: limit - 1] + "…"
