@@ -569,18 +569,21 @@ def default_batch_settings(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     gpu_name: str = "",
+    performance_mode: str = "balanced",
 ) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) as `vllm serve` 0.25.0 fills them in (module docstring, 7).
 
-    ≥ 70 GiB and not an A100: 8192 and 1024, else 2048 and 256; without chunked prefill (pooling
+    ≥ 70 GiB and not an A100: 8192 and 1024, else 2048 and 256, both doubled by
+    `--performance-mode throughput` (engine/arg_utils.py:2623); without chunked prefill (pooling
     encoders) max(max_model_len, default); then min(max_num_seqs × max_model_len, …), and
     max_num_seqs = min(max_num_seqs, max_num_batched_tokens). Values given stay as given.
     """
     large = total_bytes >= 70 * GiB and "a100" not in gpu_name.lower()
-    seqs = max_num_seqs if max_num_seqs is not None else (1024 if large else 256)
+    doubled = 2 if performance_mode == "throughput" else 1
+    seqs = max_num_seqs if max_num_seqs is not None else (1024 if large else 256) * doubled
     tokens = max_num_batched_tokens
     if tokens is None:
-        tokens = 8192 if large else 2048
+        tokens = (8192 if large else 2048) * doubled
         if not chunked_prefill:
             tokens = max(max_model_len, tokens)
         tokens = min(seqs * max_model_len, tokens)
@@ -607,6 +610,7 @@ class InstanceDemand:
     tensor_parallel_size: int = 1
     block_size: int = 16
     enforce_eager: bool = False
+    performance_mode: str = "balanced"
 
 
 @dataclass
@@ -773,6 +777,7 @@ def _plan_instance(
         max_num_batched_tokens=demand.max_num_batched_tokens,
         max_num_seqs=demand.max_num_seqs,
         gpu_name=gpu_name,
+        performance_mode=demand.performance_mode,
     )
     share = demand.gpu_memory_utilization
     budget = math.ceil(total_bytes * share)

@@ -89,4 +89,5 @@ def demand_of(instance: Instance) -> InstanceDemand:
         tensor_parallel_size=int(options.get("tensor-parallel-size", 1)),
         block_size=int(options.get("block-size", 16)),
         enforce_eager=options.get("enforce-eager") is True,
+        performance_mode=str(options.get("performance-mode", "balanced")),
     )

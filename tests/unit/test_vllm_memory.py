@@ -413,3 +413,11 @@ def test_the_built_in_shapes():
     assert load_model_shape("Qwen/Qwen3-1.7B-FP8").quantization == "fp8"
     assert load_model_shape("BAAI/bge-reranker-base").encoder_only
     assert not load_model_shape("facebook/opt-125m").encoder_only
+
+
+def test_performance_mode_throughput_doubles_the_batch_defaults_not_the_values_given():
+    """engine/arg_utils.py:2623 of vLLM 0.25.0: only defaults are doubled."""
+    h200 = 143771 * 2**20
+    assert default_batch_settings(h200, 32768) == (8192, 1024)
+    assert default_batch_settings(h200, 32768, performance_mode="throughput") == (16384, 2048)
+    assert default_batch_settings(h200, 32768, max_num_batched_tokens=4096, performance_mode="throughput") == (4096, 2048)
