@@ -34,6 +34,8 @@ def plot_run_sets(run_sets: list[RunSet], path: Path, title: str = "", floor_ms:
         if panel_title == "time per output token" and floor_ms:
             axis.axhline(floor_ms, color="black", linewidth=1, linestyle="-.",
                          label=f"batch-1 floor {floor_ms:.2f} ms")
+        if panel_title == "time per output token":
+            axis.set_yscale("log")  # a prefill stall in p99 ITL (100+ ms) would flatten the per-token lines
         axis.set_xscale("log", base=2)
         axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
         axis.set_xlabel("concurrency (requests in flight)")

@@ -99,7 +99,15 @@ def load_run_set(folder: Path) -> RunSet:
 
 
 def find_run_set(name_or_path: str, results_dir: Path) -> RunSet:
-    """A run set by name (a folder of `results_dir`) or by path."""
+    """A run set by name (a folder of `results_dir`) or by path; `A+B` joins run sets measured apart
+    (e.g. `single-x+conc-x`: concurrency 1 from one, 16 and 64 from the other) into one."""
+    if "+" in name_or_path:
+        parts = [find_run_set(part, results_dir) for part in name_or_path.split("+")]
+        joined = RunSet(name_or_path, {**parts[0].meta, "joined": [part.name for part in parts]})
+        for part in parts:
+            joined.runs += part.runs
+        joined.runs.sort(key=lambda run: (run.concurrency, run.repeat))
+        return joined
     for candidate in (results_dir / name_or_path, Path(name_or_path)):
         if (candidate / "runset.json").is_file():
             return load_run_set(candidate)

@@ -35,7 +35,7 @@ def bench(
     sweep: Annotated[str | None, typer.Option(
         "--sweep", help="FLAG=V1,V2,…: restart the instance with each value in turn, then restore it.")] = None,
     compare_sets: Annotated[tuple[str, str] | None, typer.Option(
-        "--compare", help="Compare two stored run sets (names or folders): A B.")] = None,
+        "--compare", help="Compare two stored run sets (names or folders; A+B joins two): A B.")] = None,
     results: Annotated[Path, typer.Option("--results", help="Folder of the run sets.")] = DEFAULT_RESULTS,
     vllm: Annotated[str | None, typer.Option(
         "--vllm", help="The vllm executable on the host (default: the spec's <install_path>/venv/bin/vllm).")] = None,

@@ -156,3 +156,13 @@ def test_bench_names_the_instances_when_one_is_unknown(tmp_path):
     outcome = CliRunner().invoke(app, ["bench", str(spec), "chta"], env={"COLUMNS": "200"})
     assert outcome.exit_code == 2
     assert "no instance 'chta' in the spec — did you mean 'chat'? instances: chat" in outcome.output
+
+
+def test_run_sets_measured_apart_join_into_one_comparison(tmp_path):
+    joined = find_run_set("single-latency+conc-latency", RECORDED)
+    assert joined.concurrencies == [1, 16, 64]
+    rows = compare(find_run_set("single-defaults+conc-defaults", RECORDED), joined)
+    assert {row.concurrency for row in rows} == {1, 16, 64}
+    tpot = next(row for row in rows if row.concurrency == 1 and row.metric == "TPOT p50 ms")
+    assert tpot.values == (load_run_set(RECORDED / "single-defaults").summary()[1]["p50_tpot_ms"],
+                           load_run_set(RECORDED / "single-latency").summary()[1]["p50_tpot_ms"])
