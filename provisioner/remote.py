@@ -55,10 +55,6 @@ class HostShell:
             raise RemoteError(f"{self.name}: `{_short(command)}` exited {result.returncode}: {output}")
         return result
 
-    def popen(self, command: str, **kwargs) -> subprocess.Popen:
-        """Start `command` and return at once (for output read while it runs)."""
-        return subprocess.Popen(self.argv(command), **kwargs)
-
     def read_text(self, path: str) -> str:
         return self.run(f"cat {shlex.quote(path)}").stdout
 

@@ -21,7 +21,6 @@ import yaml
 
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.plan import build_plan, role_defaults
-from provisioner.remote import RemoteError
 from provisioner.spec import Spec, SpecError, validate_spec
 
 RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)
@@ -31,10 +30,6 @@ RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)
 class Sweep:
     flag: str  # long name without -- (the config file's key)
     values: tuple[Any, ...]
-
-    @property
-    def label(self) -> str:
-        return f"{self.flag}={','.join(map(str, self.values))}"
 
 
 def parse_sweep(text: str) -> Sweep:
