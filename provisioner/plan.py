@@ -134,7 +134,7 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
     """Things that are valid but probably not what the user wants."""
     warnings = []
     for instance in instances:
-        if not _is_loopback(instance.bind) and not instance.api_key_file:
+        if not is_loopback(instance.bind) and not instance.api_key_file:
             warnings.append(
                 f"{instance.name} listens on {instance.bind} without an API key: anyone who reaches "
                 f"port {instance.port} can use it — set api_key_file"
@@ -155,7 +155,8 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
     return warnings
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches."""
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:

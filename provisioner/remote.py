@@ -1,5 +1,5 @@
 """Run commands on a spec host: over SSH with the options the audit uses, or right here when the host is
-this machine (its address is 127.0.0.1, ::1 or localhost: `provision` runs on the GPU server itself).
+this machine (a loopback address or localhost: `provision` runs on the GPU server itself).
 
 Commands are shell text run by bash on the host; secrets travel on stdin, never on a command line.
 """
@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from provisioner.audit.expectations import Connection, spec_connection
 from provisioner.audit.runner import connection_options
+from provisioner.plan import is_loopback
 from provisioner.spec import Host
-
-LOCAL_ADDRESSES = ("127.0.0.1", "::1", "localhost")
 
 
 class RemoteError(RuntimeError):
@@ -31,7 +30,7 @@ class HostShell:
 
     @classmethod
     def for_host(cls, host: Host) -> "HostShell":
-        return cls(host.name, spec_connection(host), local=host.address in LOCAL_ADDRESSES)
+        return cls(host.name, spec_connection(host), local=is_loopback(host.address))
 
     def argv(self, command: str) -> list[str]:
         """The local argv that runs `command` (bash text) on the host, as root when the spec says become."""

@@ -166,3 +166,16 @@ def test_run_sets_measured_apart_join_into_one_comparison(tmp_path):
     tpot = next(row for row in rows if row.concurrency == 1 and row.metric == "TPOT p50 ms")
     assert tpot.values == (load_run_set(RECORDED / "single-defaults").summary()[1]["p50_tpot_ms"],
                            load_run_set(RECORDED / "single-latency").summary()[1]["p50_tpot_ms"])
+
+
+def test_the_bench_runs_here_for_a_loopback_host_and_over_ssh_otherwise():
+    from provisioner.remote import HostShell
+
+    remote = _spec().hosts[0]
+    local = remote.model_copy(update={"address": "127.0.0.1"})
+    assert HostShell.for_host(local).argv("true") == ["bash", "-c", "true"]
+    argv = HostShell.for_host(remote).argv("true")
+    assert argv[0] == "ssh" and argv[-3:] == ["10.0.0.5", "--", "true"]
+    assert "BatchMode yes" in argv
+    sudo = remote.model_copy(update={"ssh": remote.ssh.model_copy(update={"user": "ops", "become": True})})
+    assert HostShell.for_host(sudo).argv("cat /etc/x")[-1] == "sudo -n bash -c 'cat /etc/x'"
