@@ -13,6 +13,8 @@ import pytest
 from tests.lab.hosts import Lab, TestHost
 from tests.lab.vm import VM_TIMINGS, VirtualMachine, accelerator, ensure_image
 
+LAB_NOTES: list[str] = []  # what the session's lab did beyond its tests, shown in the summary
+
 # Paths that change on a host by merely running (logs, ansible's temp files, systemd state):
 # everything else written to a host's disk shows up in its overlay's upper layer.
 VOLATILE = ("var/log/", "var/lib/systemd/", "var/cache/", "tmp/", "var/tmp/", "root/.ansible/", "run/")
@@ -33,6 +35,7 @@ def lab():
             "run .ci/run (it installs them), or deselect with -m 'not hosts'"
         )
     with Lab() as created:
+        LAB_NOTES.extend(f"removed a killed lab's {item}" for item in created.removed_stale)
         yield created
 
 
@@ -60,6 +63,8 @@ def vm():
 
 
 def pytest_terminal_summary(terminalreporter):
+    for note in LAB_NOTES:
+        terminalreporter.write_line("lab: " + note)
     if VM_TIMINGS:
         shown = (f"{name} {value:.1f} s" if isinstance(value, float) else f"{name} {value}"
                  for name, value in VM_TIMINGS.items())

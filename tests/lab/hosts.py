@@ -159,6 +159,7 @@ class Lab:
         self.bridge = bridge or os.environ.get("VP_LAB_BRIDGE", "vplab0")
         self.network = ipaddress.ip_network(network or os.environ.get("VP_LAB_NETWORK", "10.88.0.0/24"))
         self.gateway = str(next(self.network.hosts()))
+        self.removed_stale = self._claim_bridge()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"vp-lab-{self.bridge}-", dir="/var/tmp"))
         self.hosts: list[TestHost] = []
         self._next_index = 0  # addresses are never reused: known_hosts keeps old keys
@@ -172,12 +173,20 @@ class Lab:
         atexit.register(self.close)
 
     # -- network --------------------------------------------------------------
-    def _create_bridge(self) -> None:
-        if Path(f"/sys/class/net/{self.bridge}").exists():
+    def _claim_bridge(self) -> list[str]:
+        """Own the bridge name: a live lab's bridge is refused, a dead lab's leftovers are removed."""
+        owner = lab_owner(self.bridge)
+        if owner is not None and owner.alive():
             raise RuntimeError(
-                f"bridge {self.bridge} already exists: another lab is running, or a previous one "
-                f"was killed; remove it with `ip link del {self.bridge}` (tests.lab cleanup)"
+                f"bridge {self.bridge} belongs to a running lab (pid {owner.pid}): "
+                "set VP_LAB_BRIDGE and VP_LAB_NETWORK to run another one beside it"
             )
+        removed = cleanup_stale(self.bridge)
+        OWNER_DIR.mkdir(parents=True, exist_ok=True)
+        LabOwner.current().write(OWNER_DIR / f"{self.bridge}.pid")
+        return removed
+
+    def _create_bridge(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.gateway}/{self.network.prefixlen}", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -310,6 +319,7 @@ class Lab:
             self.destroy(host)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        (OWNER_DIR / f"{self.bridge}.pid").unlink(missing_ok=True)
 
     def __enter__(self) -> "Lab":
         return self
@@ -356,6 +366,43 @@ def _remove_cgroup(cgroup: str) -> None:
             pass
 
 
+OWNER_DIR = Path("/run/vp-lab")
+
+
+@dataclass(frozen=True)
+class LabOwner:
+    """The process that owns a lab's bridge, told apart from a later process with a reused pid."""
+
+    pid: int
+    start_time: str
+
+    @staticmethod
+    def start_time_of(pid: int) -> str | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        return stat.rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks since boot
+
+    @classmethod
+    def current(cls) -> "LabOwner":
+        return cls(os.getpid(), cls.start_time_of(os.getpid()) or "")
+
+    def alive(self) -> bool:
+        return self.start_time_of(self.pid) == self.start_time
+
+    def write(self, path: Path) -> None:
+        path.write_text(f"{self.pid} {self.start_time}\n")
+
+
+def lab_owner(bridge: str) -> LabOwner | None:
+    try:
+        pid, start_time = (OWNER_DIR / f"{bridge}.pid").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return LabOwner(int(pid), start_time)
+
+
 def cleanup_stale(bridge: str | None = None) -> list[str]:
     """Remove what a killed lab left behind: its containers, overlays, cgroups and bridge."""
     bridge = bridge or os.environ.get("VP_LAB_BRIDGE", "vplab0")
@@ -376,4 +423,5 @@ def cleanup_stale(bridge: str | None = None) -> list[str]:
     if Path(f"/sys/class/net/{bridge}").exists():
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
         removed.append(f"bridge {bridge}")
+    (OWNER_DIR / f"{bridge}.pid").unlink(missing_ok=True)
     return removed
