@@ -25,8 +25,12 @@ from provisioner.paths import role_dir
 from provisioner.spec import Host, Instance, Spec
 from provisioner.vllm.planning import GpuMemory, host_memory
 
-ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "vllm_service")  # site.yml's order
+ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service")  # site.yml's order
 UNIT_TEMPLATE = "vllm-instance.service.j2"
+QUADLET_TEMPLATE = "vllm-instance.container.j2"
+COMPOSE_TEMPLATE = "vllm-instance.compose.yaml.j2"
+COMPOSE_UNIT_TEMPLATE = "vllm-instance.compose.service.j2"
+UNIT_TEMPLATES = {None: UNIT_TEMPLATE, "podman": QUADLET_TEMPLATE, "docker": COMPOSE_TEMPLATE}  # by container engine
 ENV_TEMPLATE = "vllm-instance.env.j2"
 CONFIG_TEMPLATE = "vllm-instance.yaml.j2"
 NOUVEAU_TEMPLATES = ("blacklist-nouveau.conf.j2", "grub-nouveau.cfg.j2")
@@ -51,6 +55,7 @@ class PlannedUnit:
     env_file: PlannedFile
     config_file: PlannedFile
     environment: dict[str, str]
+    boot_unit: PlannedFile | None = None  # docker: the unit that brings the compose project up at boot
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,8 @@ class HostPlan:
     @property
     def files(self) -> list[PlannedFile]:
         """Every file written on the host, in the order the roles write them."""
-        unit_files = [file for unit in self.units for file in (unit.env_file, unit.config_file, unit.unit)]
+        unit_files = [file for unit in self.units
+                      for file in (unit.env_file, unit.config_file, unit.unit, unit.boot_unit) if file]
         return [self.sysctl_file, *self.nouveau_files, *unit_files]
 
 
@@ -106,11 +112,15 @@ def planned_unit(index: int, variables: dict[str, Any]) -> PlannedUnit:
     unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_instance_index": index}
     if entry["api_key_file"]:
         unit_variables["vllm_service_api_key"] = redacted_key(entry["api_key_file"])
-    unit = render_role_file("vllm_service", UNIT_TEMPLATE, unit_variables)
+    engine = (entry.get("container") or {}).get("engine")
+    # the unit, or what the container engine runs instead (a quadlet, a compose file)
+    unit = render_role_file("vllm_service", UNIT_TEMPLATES[engine], unit_variables)
     env_file = render_role_file("vllm_service", ENV_TEMPLATE, unit_variables)
     config_file = render_role_file("vllm_service", CONFIG_TEMPLATE, unit_variables)
-    environment = {**unit_environment(unit.content), **env_file_environment(env_file.content)}
-    return PlannedUnit(entry["name"], unit, env_file, config_file, environment)
+    own = compose_environment(unit.content) if engine == "docker" else unit_environment(unit.content)
+    environment = {**own, **env_file_environment(env_file.content)}
+    boot_unit = render_role_file("vllm_service", COMPOSE_UNIT_TEMPLATE, unit_variables) if engine == "docker" else None
+    return PlannedUnit(entry["name"], unit, env_file, config_file, environment, boot_unit)
 
 
 def redacted_key(path: str) -> str:
@@ -246,6 +256,12 @@ def unit_environment(unit: str) -> dict[str, str]:
                 key, _, value = assignment.partition("=")
                 environment[key] = value.replace("%%", "%")
     return environment
+
+
+def compose_environment(compose: str) -> dict[str, str]:
+    """The variables a compose file's service sets (`environment:`), $$ undone."""
+    service = yaml.safe_load(compose)["services"]["vllm"]
+    return {key: str(value).replace("$$", "$") for key, value in (service.get("environment") or {}).items()}
 
 
 def env_file_environment(content: str) -> dict[str, str]:

@@ -70,6 +70,9 @@ HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]
 SYSCTL_KEY_RE = re.compile(r"^[a-z0-9_]+([./][A-Za-z0-9_:@*-]+)+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]+)?$")
+IMAGE_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -102,6 +105,18 @@ _check_size = _matching(
     "is not a size — write a number with a K, M, G or T suffix (e.g. 16G), or null to leave /dev/shm as it is",
 )
 _check_version = _matching(VERSION_RE, "version", 'is not a version — e.g. "0.25.0" (quoted)')
+_check_image = _matching(
+    IMAGE_RE, "image",
+    "is not an image name — registry/repository in lowercase, without tag or digest "
+    "(e.g. docker.io/vllm/vllm-openai; the tag and digest have keys of their own)",
+)
+_check_container_shm = _matching(
+    SIZE_RE, "size", "is not a size — write a number with a K, M, G or T suffix (e.g. 8G)"
+)
+_check_tag = _matching(TAG_RE, "tag", "is not an image tag — letters, digits, '_.-' (e.g. v0.25.0)")
+_check_digest = _matching(
+    DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
+)
 
 
 def _check_address(value: str) -> str:
@@ -168,6 +183,10 @@ SysctlValue = Annotated[int | str, BeforeValidator(_check_scalar)]
 SpecPath = Annotated[str, AfterValidator(_resolve_path)]
 AbsolutePath = Annotated[str, AfterValidator(_check_absolute)]
 Version = Annotated[str, AfterValidator(_check_version)]
+Image = Annotated[str, AfterValidator(_check_image)]
+Tag = Annotated[str, AfterValidator(_check_tag)]
+ContainerShmSize = Annotated[str, AfterValidator(_check_container_shm)]
+Digest = Annotated[str, AfterValidator(_check_digest)]
 
 
 class _Model(BaseModel):
@@ -264,8 +283,25 @@ class Host(_Model):
         return device.uuid if device else None
 
 
+class Container(_Model):
+    """Run the instance in a container instead of the host's venv: a Podman quadlet or a Docker compose project."""
+
+    engine: Literal["podman", "docker"] = Field(
+        description="podman: a quadlet (/etc/containers/systemd/vllm-<name>.container); docker: a compose project"
+    )
+    image: Image = Field("docker.io/vllm/vllm-openai", description="image name, without tag or digest")
+    tag: Tag | None = Field(None, description="image tag; null: v<the host's vllm.version>")
+    digest: Digest | None = Field(None, description="sha256:… pins the exact image (name:tag@digest)")
+    shm_size: ContainerShmSize = Field("8G", description="size of the container's /dev/shm (ignored with ipc_host)")
+    ipc_host: bool = Field(False, description="share the host's IPC namespace and /dev/shm (--ipc=host)")
+    image_archive: SpecPath | None = Field(
+        None, description="`docker save` archive of the image (name:tag) on this machine, loaded where the host lacks "
+                          "the image: hosts without a registry; null: the engine pulls it"
+    )
+
+
 class Instance(_Model):
-    """One `vllm serve` process, run as the systemd unit vllm-<name>.service."""
+    """One `vllm serve` process, run as the systemd unit vllm-<name>.service, or in a container."""
 
     name: Name = Field(description="unique across the spec; names the unit and the env file")
     host: str = Field(description="name of the host it runs on")
@@ -286,7 +322,7 @@ class Instance(_Model):
     api_key_file: SpecPath | None = Field(
         None, description="file (relative to the spec) whose content becomes VLLM_API_KEY; null: no key"
     )
-
+    container: Container | None = Field(None, description="run in a container (podman or docker); null: the host's venv")
 
     @property
     def serve_options(self) -> dict[str, Any]:
@@ -565,6 +601,10 @@ def consistency_problems(parts: _SpecParts, check_files: bool = True) -> list[Pr
     problems += _share_problems(parts)
     problems += _version_problems(parts)
     for index, instance in _present(parts.instances):
+        if instance.container and instance.container.image_archive and instance.container.digest:
+            problems.append(Problem(
+                f"instances[{index}].container.digest",
+                "an image_archive is loaded by name:tag, a digest pins an image pulled from a registry — keep one of them"))
         problems += _keyed_problems(("instances", index, "options"), instance.options, _option_problem)
         problems += _keyed_problems(("instances", index, "env"), instance.env, _env_problem)
     problems += _flag_problems(parts)
@@ -877,6 +917,12 @@ def _missing_files(parts: _SpecParts) -> list[Problem]:
         (f"instances[{index}].api_key_file", instance.api_key_file, "the API key (its content becomes VLLM_API_KEY)")
         for index, instance in _present(parts.instances)
         if instance.api_key_file
+    ]
+    named += [
+        (f"instances[{index}].container.image_archive", instance.container.image_archive,
+         "the image (`docker save NAME:TAG -o FILE`)")
+        for index, instance in _present(parts.instances)
+        if instance.container and instance.container.image_archive
     ]
     problems = [
         Problem(f"hosts[{index}].vllm.wheelhouse", message)

@@ -109,8 +109,12 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "shm": shm,
         "gpu": gpu_expectations(variables, variables["nvidia_gpu_devices"]) if variables["nvidia_gpu_devices"] else None,
         "units": [
-            unit_expectations(variables, unit, variables["vllm_service_instances"][index])
-            for index, unit in enumerate(plan.units)
+            unit_expectations(variables, unit, entry)
+            for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if not entry["container"]
+        ],
+        "vllm_containers": [
+            container_expectations(variables, unit, entry)
+            for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if entry["container"]
         ],
     }
 
@@ -163,7 +167,6 @@ def size_bytes(size: str) -> int:
 def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: dict[str, Any]) -> dict[str, Any]:
     service = unit_settings(planned.unit.content, "Service")
     argv = exec_argv(next(value for key, value in service if key == "ExecStart"))
-    env_task = find_task_args("vllm_service", "template", lambda args: args.get("src") == ENV_TEMPLATE)
     config = yaml.safe_load(planned.config_file.content)
     return {
         "name": Path(planned.unit.path).name,
@@ -171,14 +174,43 @@ def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: di
         "properties": shown_properties(service),
         "environment": unit_environment(planned.unit.content),
         "command_line": shown_command(argv),
-        "env_file": {
-            "path": planned.env_file.path,
-            "mode": planned.env_file.mode,
-            "owner": f"{env_task['owner']}:{env_task['group']}",
-            "sha256": env_file_sha256(variables, entry),
-        },
+        "env_file": env_file_expectations(variables, planned, entry),
         "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
         **serving_expectations(argv, config),
+    }
+
+
+def container_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: dict[str, Any]) -> dict[str, Any]:
+    """An instance in a container (role vllm_service: a quadlet or a compose project) as its files set it up."""
+    container = entry["container"]
+    bind = "127.0.0.1" if entry["host"] in ANY_ADDRESS else entry["host"]
+    served = yaml.safe_load(planned.config_file.content).get("served-model-name") or entry["model"]
+    return {
+        "name": f"vllm-{entry['name']}",
+        "engine": container["engine"],
+        # podman: the quadlet's generated unit runs the container; docker: an enabled unit brings it up at boot
+        "unit": f"vllm-{entry['name']}.service" if container["engine"] == "podman" else None,
+        "boot_unit": Path(planned.boot_unit.path).name if planned.boot_unit else None,
+        "image": container["image"],
+        "publish": f"{_bracketed(entry['host'])}:{entry['port']}",
+        "ipc": "host" if container["ipc_host"] else "private",
+        "shm_bytes": None if container["ipc_host"] else size_bytes(container["shm_size"]),
+        "restart": variables["vllm_service_container_restart"],
+        "environment": {name: planned.environment[name] for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")},
+        "env_file": env_file_expectations(variables, planned, entry),
+        "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
+        "url": f"http://{_bracketed(bind)}:{entry['port']}",
+        "served_names": [str(name) for name in (served if isinstance(served, list) else [served])],
+    }
+
+
+def env_file_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: dict[str, Any]) -> dict[str, str]:
+    env_task = find_task_args("vllm_service", "template", lambda args: args.get("src") == ENV_TEMPLATE)
+    return {
+        "path": planned.env_file.path,
+        "mode": planned.env_file.mode,
+        "owner": f"{env_task['owner']}:{env_task['group']}",
+        "sha256": env_file_sha256(variables, entry),
     }
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.lab.rootfs import ensure_rootfs
+from tests.lab.rootfs import SUITE, ensure_rootfs
 
 CGROUP_HIERARCHIES = ("systemd", "unified")
 CGROUP_PREFIX = "vp-lab-"
@@ -39,7 +39,7 @@ SUPERVISOR = r"""
 for hierarchy in {hierarchies}; do echo $$ > /sys/fs/cgroup/$hierarchy/{cgroup}/cgroup.procs; done
 while true; do
   systemd-nspawn --quiet --boot --register=no --keep-unit --console=read-only \
-    --machine={machine} --directory={root} --network-bridge={bridge}{binds}
+    --machine={machine} --directory={root} --network-bridge={bridge}{binds}{options}
   status=$?
   [ "$status" -eq {reboot_exit} ] || exit "$status"
   echo "--- reboot ---"
@@ -64,6 +64,7 @@ class TestHost:
     supervisor: subprocess.Popen | None = field(default=None, repr=False)
     ssh_port: int = 22
     binds: tuple[str, ...] = ()  # folders of this machine shown read-only at the same path on the host
+    kind: "HostKind | None" = None  # None: a bookworm host as every other
 
     __test__ = False  # not a pytest test class
 
@@ -146,6 +147,21 @@ class TestHost:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
+class HostKind:
+    """A kind of test host other than the default bookworm one: its suite, and what booting it needs."""
+
+    suite: str
+
+    def prepare(self, host: TestHost) -> None:
+        """Write what the host needs into its root (an overlay, before it boots)."""
+
+    def nspawn_options(self, host: TestHost) -> list[str]:
+        return []
+
+    def nspawn_environment(self) -> dict[str, str]:
+        return {}
+
+
 class Lab:
     """A private bridge and the test hosts on it; close() tears all of it down."""
 
@@ -164,6 +180,7 @@ class Lab:
         self.hosts: list[TestHost] = []
         self._next_index = 0  # addresses are never reused: known_hosts keeps old keys
         self.rootfs, self.rootfs_seconds, self.rootfs_built = ensure_rootfs()
+        self._rootfs_by_suite = {SUITE: self.rootfs}
         self.ssh_key = self.workdir / "bastion_key"
         self.known_hosts = self.workdir / "known_hosts"
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vp-lab-bastion", "-f", str(self.ssh_key))
@@ -204,13 +221,13 @@ class Lab:
         return str(address)
 
     # -- hosts ----------------------------------------------------------------
-    def boot(self, name: str, binds: tuple[str, ...] = ()) -> TestHost:
+    def boot(self, name: str, binds: tuple[str, ...] = (), kind: HostKind | None = None) -> TestHost:
         """Create and boot one host; returns once SSH answers and boot finished."""
-        return self.boot_many([name], binds)[0]
+        return self.boot_many([name], binds, kind)[0]
 
-    def boot_many(self, names: list[str], binds: tuple[str, ...] = ()) -> list[TestHost]:
+    def boot_many(self, names: list[str], binds: tuple[str, ...] = (), kind: HostKind | None = None) -> list[TestHost]:
         """Boot several hosts in parallel (their boots overlap); `binds`: folders of this machine each
-        host sees read-only at the same path."""
+        host sees read-only at the same path; `kind`: another suite and setup (default: bookworm)."""
         hosts = []
         for name in names:
             if any(h.name == name for h in self.hosts):
@@ -223,9 +240,12 @@ class Lab:
                 base=self.workdir / "hosts" / name,
                 bridge=self.bridge,
                 binds=tuple(binds),
+                kind=kind,
             )
             self.hosts.append(host)
             self._prepare_disk(host)
+            if kind is not None:
+                kind.prepare(host)
             self._power_on(host)
             hosts.append(host)
         for host in hosts:
@@ -235,9 +255,12 @@ class Lab:
     def _prepare_disk(self, host: TestHost) -> None:
         for sub in ("upper", "work", "root"):
             (host.base / sub).mkdir(parents=True, exist_ok=True)
+        suite = host.kind.suite if host.kind else SUITE
+        if suite not in self._rootfs_by_suite:
+            self._rootfs_by_suite[suite] = ensure_rootfs(suite)[0]
         _run(
             "mount", "-t", "overlay", "overlay", "-o",
-            f"lowerdir={self.rootfs},upperdir={host.base / 'upper'},workdir={host.base / 'work'}",
+            f"lowerdir={self._rootfs_by_suite[suite]},upperdir={host.base / 'upper'},workdir={host.base / 'work'}",
             str(host.root),
         )
         root = host.root
@@ -276,11 +299,13 @@ class Lab:
             root=host.root,
             bridge=self.bridge,
             binds="".join(f" --bind-ro={shlex.quote(path)}" for path in host.binds),
+            options="".join(f" {shlex.quote(option)}" for option in (host.kind.nspawn_options(host) if host.kind else [])),
             reboot_exit=NSPAWN_REBOOT_EXIT,
         )
         console = open(host.base / "console.log", "ab")
         host.supervisor = subprocess.Popen(
             ["bash", "-c", script],
+            env={**os.environ, **(host.kind.nspawn_environment() if host.kind else {})},
             stdin=subprocess.DEVNULL,
             stdout=console,
             stderr=subprocess.STDOUT,

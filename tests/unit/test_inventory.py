@@ -17,8 +17,9 @@ def test_host_vars_hold_exactly_the_contract_variables():
     assert sorted(files) == ["group_vars/all.yml", "host_vars/ws4070.yml", "hosts.yml"]
     assert list(files["host_vars/ws4070.yml"]) == [
         "sysctl_settings", "nouveau_blacklist_enabled", "shm_size", "vllm_service_bin", "vllm_service_instances",
+        "container_engine_engines", "container_engine_cdi_devices",
         "nvidia_gpu_expected_count", "nvidia_gpu_persistence_mode", "nvidia_gpu_devices",
-        "vllm_install_version", "vllm_install_path", "vllm_install_wheelhouse", "vllm_install_index_url",
+        "vllm_install_enabled", "vllm_install_version", "vllm_install_path", "vllm_install_wheelhouse", "vllm_install_index_url",
     ]
 
 
@@ -47,7 +48,36 @@ def test_instance_entry_fields():
         "options": {"block-size": 16, "max-num-seqs": 128},
         "env": {"HF_HUB_OFFLINE": "1"},
         "api_key_file": None,
+        "container": None,
     }
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_container_instances_name_their_engine_image_and_cdi_devices_and_need_no_venv():
+    data = spec_data(hosts=[host(gpus=TWO_GPUS)], instances=[
+        instance("pod", 8000, 0.4, gpus=[1], container={"engine": "podman"}),
+        instance("dock", 8001, 0.4, gpus=[1, 0], container={
+            "engine": "docker", "image": "registry.local:5000/vllm", "tag": "nightly", "digest": DIGEST,
+            "ipc_host": True}),
+    ])
+    variables = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]
+    pod, dock = variables["vllm_service_instances"]
+    assert pod["container"] == {"engine": "podman", "image": "docker.io/vllm/vllm-openai:v0.25.0",
+                                "shm_size": "8G", "ipc_host": False, "image_archive": None}
+    assert dock["container"] == {"engine": "docker", "image": f"registry.local:5000/vllm:nightly@{DIGEST}",
+                                 "shm_size": "8G", "ipc_host": True, "image_archive": None}
+    assert variables["container_engine_engines"] == ["docker", "podman"]
+    assert variables["container_engine_cdi_devices"] == [f"nvidia.com/gpu={UUID0}", f"nvidia.com/gpu={UUID1}"]
+    assert variables["vllm_install_enabled"] is False
+
+
+def test_one_instance_in_the_venv_keeps_vllm_installed():
+    data = spec_data(instances=[instance("pod", 8000, 0.4, container={"engine": "podman"}), instance("venv", 8001, 0.4)])
+    variables = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]
+    assert variables["vllm_install_enabled"] is True
+    assert variables["container_engine_engines"] == ["podman"]
 
 
 def test_sysctl_settings_merge_swappiness_with_sysctls():

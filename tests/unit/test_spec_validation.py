@@ -290,7 +290,7 @@ def test_unknown_key_in_an_instance():
     data = spec_data(instances=[instance("chat", 8000, max_model_len=4096)])
     assert problems_of(data) == [
         "instances[0].max_model_len: unknown key 'max_model_len' — allowed keys: name, host, model, port, bind, "
-        "gpus, gpu_memory_utilization, profile, options, env, api_key_file"
+        "gpus, gpu_memory_utilization, profile, options, env, api_key_file, container"
     ]
 
 
@@ -474,3 +474,16 @@ def test_checks_across_instances_still_run_when_one_instance_has_a_type_error():
 def test_a_host_with_a_type_error_does_not_make_its_instances_unknown():
     data = spec_data(hosts=[host(ssh={"port": "22"})])
     assert problems_of(data) == ["hosts[0].ssh.port: expected an integer, got '22'"]
+
+
+def test_a_bad_container_entry_names_each_field_and_its_fix():
+    data = spec_data(instances=[instance("chat", 8000, container={
+        "engine": "dokker", "image": "Docker.io/vllm:latest", "digest": "sha256:abc", "shm_size": "lots"})])
+    assert problems_of(data) == [
+        "instances[0].container.engine: must be 'podman' or 'docker', got 'dokker'",
+        "instances[0].container.image: 'Docker.io/vllm:latest' is not an image name — registry/repository in "
+        "lowercase, without tag or digest (e.g. docker.io/vllm/vllm-openai; the tag and digest have keys of their own)",
+        "instances[0].container.digest: 'sha256:abc' is not an image digest — sha256: and 64 lowercase hex digits, "
+        "as `docker images --digests` prints",
+        "instances[0].container.shm_size: 'lots' is not a size — write a number with a K, M, G or T suffix (e.g. 8G)",
+    ]

@@ -7,6 +7,7 @@ by a marker line. One read per host keeps an audit of ~50 checks well under two 
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import shlex
@@ -57,6 +58,24 @@ class UnitFacts:
 
 
 @dataclass
+class ContainerFacts:
+    inspect: dict[str, Any] | None  # `<engine> inspect <name>`; None: no such container
+    unit: dict[str, str]  # podman: `systemctl show` of the quadlet's unit (ActiveState, Restart)
+    env_file: tuple[str, str] | None
+    env_file_sha256: str | None
+    config_text: str | None
+    http: dict[str, Any]
+
+    def host_config(self, key: str) -> Any:
+        return ((self.inspect or {}).get("HostConfig") or {}).get(key)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        words = ((self.inspect or {}).get("Config") or {}).get("Env") or []
+        return dict(word.split("=", 1) for word in words if "=" in word)
+
+
+@dataclass
 class HostFacts:
     container: str | None  # what systemd-detect-virt --container says; None: not a container
     sysctl_configured: dict[str, str]
@@ -73,6 +92,7 @@ class HostFacts:
     page_size: int
     listening: set[str]
     units: dict[str, UnitFacts] = field(default_factory=dict)
+    containers: dict[str, ContainerFacts] = field(default_factory=dict)
     gpu: GpuFacts | None = None  # read when GPUs are expected
     gpu_problem: str | None = None  # why they could not be read
 
@@ -126,6 +146,8 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         commands["reboot"] = f"cat {shlex.quote(nouveau['reboot_marker']['path'])}"
     for index, unit in enumerate(expected["units"]):
         commands.update(unit_commands(index, unit))
+    for index, container in enumerate(expected.get("vllm_containers", [])):
+        commands.update(container_commands(index, container))
     if expected.get("gpu"):
         # the query alone: the checks need no topology (read_smi_facts leaves the links unknown)
         commands["gpu"] = shlex.join([expected["gpu"]["nvidia_smi"], *query_arguments()])
@@ -158,6 +180,21 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
         commands[f"env_file{index}"] = f"stat -c '%a %U:%G' {path} && sha256sum {path}"
     if unit.get("config_file"):
         commands[f"config{index}"] = f"cat {shlex.quote(unit['config_file']['path'])}"
+    return commands
+
+
+def container_commands(index: int, container: dict[str, Any]) -> dict[str, str]:
+    name = shlex.quote(container["name"])
+    commands = {f"container{index}": f"{container['engine']} inspect {name}"}
+    unit = container["unit"] or container["boot_unit"]
+    commands[f"container_unit{index}"] = f"systemctl show {shlex.quote(unit)} --property=ActiveState,Restart,UnitFileState"
+    scheme, _, address = container["url"].partition("://")
+    host, _, port = address.rpartition(":")
+    commands[f"container_http{index}"] = (
+        f"timeout {PROBE_TIMEOUT_S} bash -c {shlex.quote(HTTP_PROBE.read_text())} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}")
+    path = shlex.quote(container["env_file"]["path"])
+    commands[f"container_env_file{index}"] = f"stat -c '%a %U:%G' {path} && sha256sum {path}"
+    commands[f"container_config{index}"] = f"cat {shlex.quote(container['config_file']['path'])}"
     return commands
 
 
@@ -200,6 +237,8 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     )
     for index, unit in enumerate(expected["units"]):
         facts.units[unit["name"]] = parse_unit(index, out)
+    for index, container in enumerate(expected.get("vllm_containers", [])):
+        facts.containers[container["name"]] = parse_container(index, out)
     if "gpu" in out:
         facts.gpu, facts.gpu_problem = parse_gpu(out["gpu"], expected["gpu"]["nvidia_smi"])
     return facts
@@ -227,15 +266,33 @@ def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
     shown = dict(line.split("=", 1) for line in out[f"unit{index}"].text.splitlines() if "=" in line)
     environment = environment_words(shown.get("Environment", ""))
     environment.update(line.split("=", 1) for line in out[f"unit_env{index}"].text.splitlines() if "=" in line)
-    env_file = out.get(f"env_file{index}")
-    stat, sha256 = None, None
-    if env_file is not None and env_file.rc == 0:
-        first, second = env_file.text.splitlines()[:2]
-        mode, owner = first.split()
-        stat, sha256 = (mode.zfill(4), owner), second.split()[0]
+    stat, sha256 = env_file_stat(out.get(f"env_file{index}"))
     config = out.get(f"config{index}")
     return UnitFacts(shown, environment, stat, sha256, http_answers(out[f"http{index}"].text),
                      config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"))
+
+
+def parse_container(index: int, out: dict[str, Output]) -> ContainerFacts:
+    inspect = out[f"container{index}"]
+    try:
+        found = json.loads(inspect.text) if inspect.rc == 0 else []
+    except ValueError:
+        found = []
+    unit = out.get(f"container_unit{index}")
+    shown = dict(line.split("=", 1) for line in unit.text.splitlines() if "=" in line) if unit else {}
+    stat, sha256 = env_file_stat(out[f"container_env_file{index}"])
+    config = out[f"container_config{index}"]
+    return ContainerFacts(found[0] if found else None, shown, stat, sha256,
+                          config.text if config.rc == 0 else None, http_answers(out[f"container_http{index}"].text))
+
+
+def env_file_stat(out: Output | None) -> tuple[tuple[str, str] | None, str | None]:
+    """((mode, owner:group), sha256) of `stat -c '%a %U:%G' FILE && sha256sum FILE`; (None, None): absent."""
+    if out is None or out.rc != 0:
+        return None, None
+    first, second = out.text.splitlines()[:2]
+    mode, owner = first.split()
+    return (mode.zfill(4), owner), second.split()[0]
 
 
 def http_answers(text: str) -> dict[str, dict[str, Any]]:

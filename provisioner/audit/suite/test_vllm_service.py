@@ -8,7 +8,13 @@ profile's rules to each unit that discovery found.
 
 import json
 
-from provisioner.audit.checks import ABSENT, UNSET, each, shown
+from provisioner.audit.checks import UNSET, each, shown
+from provisioner.audit.suite.instance_files import (
+    expect_config_file,
+    expect_env_file_content,
+    expect_env_file_mode,
+    expect_env_file_owner,
+)
 from provisioner.audit.text import shown_command
 
 units = each(lambda expected: expected["units"], ids=lambda unit: unit["name"])
@@ -80,24 +86,21 @@ env_files = units_with("env_file")
 
 @env_files
 def test_env_file_mode(case, facts, audit):
-    unit, env_file = case.item, case.item["env_file"]
-    stat = facts.units[unit["name"]].env_file
-    audit.expect(f"{unit['name']}: EnvironmentFile mode", env_file["mode"], stat[0] if stat else ABSENT)
+    unit = case.item
+    expect_env_file_mode(audit, f"{unit['name']}: EnvironmentFile", unit["env_file"], facts.units[unit["name"]].env_file)
 
 
 @env_files
 def test_env_file_owner(case, facts, audit):
-    unit, env_file = case.item, case.item["env_file"]
-    stat = facts.units[unit["name"]].env_file
-    audit.expect(f"{unit['name']}: EnvironmentFile owner", env_file["owner"], stat[1] if stat else ABSENT)
+    unit = case.item
+    expect_env_file_owner(audit, f"{unit['name']}: EnvironmentFile", unit["env_file"], facts.units[unit["name"]].env_file)
 
 
 @env_files
 def test_env_file_content(case, facts, audit):
-    unit, env_file = case.item, case.item["env_file"]
-    actual = facts.units[unit["name"]].env_file_sha256
-    audit.expect(f"{unit['name']}: EnvironmentFile content", f"as rendered (sha256 {env_file['sha256'][:12]})",
-                 f"sha256 {actual[:12]}" if actual else ABSENT, passed=actual == env_file["sha256"])
+    unit = case.item
+    expect_env_file_content(audit, f"{unit['name']}: EnvironmentFile", unit["env_file"],
+                            facts.units[unit["name"]].env_file_sha256)
 
 
 config_files = units_with("config_file")
@@ -105,27 +108,8 @@ config_files = units_with("config_file")
 
 @config_files
 def test_config_file(case, facts, audit):
-    unit, config = case.item, case.item["config_file"]
-    actual = facts.units[unit["name"]].config_text
-    check = f"{unit['name']}: config file {config['path']}"
-    expected = f"as rendered ({len(config['content'].splitlines())} lines)"
-    if actual is None:
-        audit.expect(check, expected, ABSENT, passed=False)
-    same = actual == config["content"]
-    audit.expect(check, expected, expected if same else first_difference(config["content"], actual), passed=same)
-
-
-def first_difference(expected: str, actual: str) -> str:
-    """Where two texts first differ: "line 7: 'block-size: 32' instead of 'block-size: 16'"."""
-    wanted, found = expected.splitlines(), actual.splitlines()
-    for number, (line, other) in enumerate(zip(wanted, found), start=1):
-        if line != other:
-            return f"line {number}: {other!r} instead of {line!r}"
-    if len(wanted) != len(found):
-        extra = found[len(wanted)] if len(found) > len(wanted) else None
-        return (f"line {len(wanted) + 1}: {extra!r} added" if extra is not None
-                else f"ends at line {len(found)}; missing {wanted[len(found)]!r}")
-    return "differs in line endings or a final newline"
+    unit = case.item
+    expect_config_file(audit, unit["name"], unit["config_file"], facts.units[unit["name"]].config_text)
 
 
 @units

@@ -8,6 +8,7 @@ wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listen
 model load."""
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ def serve(options):
         "argv": sys.argv,
         "options": {name: value for name, value in options.items() if name not in ("api_key", "dispatch_function")},
         "version": vllm.__version__,
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "VLLM_", "HF_", "STANDIN_"))},
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "VLLM_", "HF_", "STANDIN_"))},
         "user": os.getuid(),
     }
     if "VLLM_API_KEY" in process["env"]:  # never expose the secret itself
@@ -113,5 +114,7 @@ def serve(options):
 
     print(f"stand-in vllm {vllm.__version__} (TEST DOUBLE) serving {', '.join(served)} on {host}:{port}", flush=True)
     time.sleep(float(os.environ.get("STANDIN_STARTUP_DELAY", "0")))
+    # as vLLM: SIGTERM shuts the server down (in a container it is PID 1, which ignores signals it has no handler for)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 
