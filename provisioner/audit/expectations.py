@@ -184,7 +184,9 @@ def container_expectations(variables: dict[str, Any], planned: PlannedUnit, entr
     """An instance in a container (role vllm_service: a quadlet or a compose project) as its files set it up."""
     container = entry["container"]
     bind = "127.0.0.1" if entry["host"] in ANY_ADDRESS else entry["host"]
-    served = yaml.safe_load(planned.config_file.content).get("served-model-name") or entry["model"]
+    config = yaml.safe_load(planned.config_file.content)
+    served = config.get("served-model-name") or entry["model"]
+    scheme = "https" if config.get("ssl-certfile") else "http"
     return {
         "name": f"vllm-{entry['name']}",
         "engine": container["engine"],
@@ -199,7 +201,7 @@ def container_expectations(variables: dict[str, Any], planned: PlannedUnit, entr
         "environment": {name: planned.environment[name] for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")},
         "env_file": env_file_expectations(variables, planned, entry),
         "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
-        "url": f"http://{_bracketed(bind)}:{entry['port']}",
+        "url": f"{scheme}://{_bracketed(bind)}:{entry['port']}",
         "served_names": [str(name) for name in (served if isinstance(served, list) else [served])],
     }
 

@@ -7,7 +7,7 @@ import sys
 from tests.lab.hosts import LabOwner, lab_owner
 
 
-def test_this_process_is_a_live_owner(tmp_path):
+def test_this_process_is_a_live_owner():
     me = LabOwner.current()
     assert me.pid == os.getpid()
     assert me.alive()

@@ -88,3 +88,13 @@ def test_audit_expects_what_the_templates_render():
     assert pod["environment"] == {"CUDA_VISIBLE_DEVICES": f"{UUID0},{UUID1}", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert dock["env_file"]["mode"] == "0600"
     assert container_expectations(variables, plan.units[1], variables["vllm_service_instances"][1]) == dock
+
+
+def test_audit_probes_a_container_serving_tls_over_https():
+    data = spec_data(instances=[instance("tls", 8443, 0.5, bind="10.0.0.5", options={"ssl-certfile": "/etc/vllm/tls.pem"},
+                                         container={"engine": "podman"})])
+    spec = validate_spec(data, check_files=False)
+    (plan,) = build_plan(spec)
+    variables = {**role_defaults(), **build_inventory(spec)["host_vars/ws4070.yml"]}
+    (tls,) = host_expectations(variables, plan)["vllm_containers"]
+    assert tls["url"] == "https://10.0.0.5:8443"

@@ -166,21 +166,31 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
             f" | grep -E {shlex.quote(f'^({variables})=')}"
         ),
     }
-    scheme, _, address = unit["url"].partition("://")
-    host, _, port = address.rpartition(":")
-    probe = f"python3 -c {shlex.quote(HTTPS_PROBE.read_text())}" if scheme == "https" else (
-        f"bash -c {shlex.quote(HTTP_PROBE.read_text())}")
-    commands[f"http{index}"] = f"timeout {PROBE_TIMEOUT_S} {probe} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}"
+    commands[f"http{index}"] = http_probe_command(name, unit["url"])
     # one real request through the same probe the unit runs before it turns active
     commands[f"ready{index}"] = (
         f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
         f" --model {shlex.quote(unit['served_names'][0])} --timeout {PROBE_TIMEOUT_S} --once --key-from-unit {name}")
     if unit.get("env_file"):
-        path = shlex.quote(unit["env_file"]["path"])
-        commands[f"env_file{index}"] = f"stat -c '%a %U:%G' {path} && sha256sum {path}"
+        commands[f"env_file{index}"] = env_file_command(unit["env_file"]["path"])
     if unit.get("config_file"):
         commands[f"config{index}"] = f"cat {shlex.quote(unit['config_file']['path'])}"
     return commands
+
+
+def http_probe_command(name: str, url: str) -> str:
+    """/health and /v1/models of the server at `url`, from the host itself (a unit's name: its API key)."""
+    scheme, _, address = url.partition("://")
+    host, _, port = address.rpartition(":")
+    probe = f"python3 -c {shlex.quote(HTTPS_PROBE.read_text())}" if scheme == "https" else (
+        f"bash -c {shlex.quote(HTTP_PROBE.read_text())}")
+    return f"timeout {PROBE_TIMEOUT_S} {probe} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}"
+
+
+def env_file_command(path: str) -> str:
+    """Its mode, owner and sha256, read by `env_file_stat`."""
+    quoted = shlex.quote(path)
+    return f"stat -c '%a %U:%G' {quoted} && sha256sum {quoted}"
 
 
 def container_commands(index: int, container: dict[str, Any]) -> dict[str, str]:
@@ -188,12 +198,8 @@ def container_commands(index: int, container: dict[str, Any]) -> dict[str, str]:
     commands = {f"container{index}": f"{container['engine']} inspect {name}"}
     unit = container["unit"] or container["boot_unit"]
     commands[f"container_unit{index}"] = f"systemctl show {shlex.quote(unit)} --property=ActiveState,Restart,UnitFileState"
-    scheme, _, address = container["url"].partition("://")
-    host, _, port = address.rpartition(":")
-    commands[f"container_http{index}"] = (
-        f"timeout {PROBE_TIMEOUT_S} bash -c {shlex.quote(HTTP_PROBE.read_text())} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}")
-    path = shlex.quote(container["env_file"]["path"])
-    commands[f"container_env_file{index}"] = f"stat -c '%a %U:%G' {path} && sha256sum {path}"
+    commands[f"container_http{index}"] = http_probe_command(name, container["url"])
+    commands[f"container_env_file{index}"] = env_file_command(container["env_file"]["path"])
     commands[f"container_config{index}"] = f"cat {shlex.quote(container['config_file']['path'])}"
     return commands
 
