@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 
 from provisioner import paths
+from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import write_inventory
 from provisioner.spec import Spec
 
@@ -38,7 +40,8 @@ class TaskResult:
     status: str  # ok | changed | failed | unreachable | skipped
     message: str = ""
     ignored: bool = False
-    diffs: list[dict] = field(default_factory=list)  # Ansible's --diff entries (before/after)
+    diffs: list[dict] = field(default_factory=list)  # Ansible's --diff entries (before/after), with "dest"
+    notes: list[str] = field(default_factory=list)  # what a debug task said (check mode's "would ...", warnings)
 
     @property
     def label(self) -> str:
@@ -88,16 +91,55 @@ def _message(result: dict) -> str:
     return message
 
 
-def task_result(event: dict) -> TaskResult | None:
-    """Turn one ansible-runner event into a TaskResult, or None when it is not a task result."""
+CENSORED = "censored"  # ansible-runner replaces a no_log result by {"censored": ...}, its "changed" too
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _says_changed(event: dict) -> bool:
+    """Whether Ansible's own output line for this event says "changed": the one place a censored
+    (no_log) result keeps it."""
+    return ANSI_ESCAPE.sub("", str(event.get("stdout") or "")).lstrip().startswith("changed:")
+
+
+def censored_change(event: dict) -> bool:
+    """An item of a no_log loop that Ansible reports changed (runner_item_on_ok)."""
+    data = event.get("event_data", {})
+    return event.get("event") == "runner_item_on_ok" and CENSORED in (data.get("res") or {}) and _says_changed(event)
+
+
+class ResultReader:
+    """Reads a run's events in order into TaskResults: a no_log loop's final result is censored, so
+    whether it changed is learnt from its items' events before it."""
+
+    def __init__(self) -> None:
+        self._censored_changes: set[tuple] = set()  # (host, task) of no_log loops with a changed item
+
+    def read(self, event: dict) -> TaskResult | None:
+        data = event.get("event_data", {})
+        key = (data.get("host"), data.get("task_uuid"))
+        if censored_change(event):
+            self._censored_changes.add(key)
+        return task_result(event, censored_items_changed=key in self._censored_changes)
+
+
+def task_result(event: dict, censored_items_changed: bool = False) -> TaskResult | None:
+    """Turn one ansible-runner event into a TaskResult, or None when it is not a task result.
+
+    A no_log result is censored whole: it is "changed" when Ansible's line says so or, for a loop,
+    when one of its items did (`censored_items_changed`); its diff is never shown, only that it changes."""
     name = event.get("event")
     status = RESULT_EVENTS.get(name)
     if status is None:
         return None
     data = event.get("event_data", {})
     result = data.get("res", {}) or {}
-    if status == "ok" and result.get("changed"):
+    censored = CENSORED in result
+    if status == "ok" and (result.get("changed") or (censored and (censored_items_changed or _says_changed(event)))):
         status = "changed"
+    if censored:
+        diffs = [{"hidden": True}] if status == "changed" else []
+    else:
+        diffs = file_diffs(result)
     return TaskResult(
         host=data.get("host", "?"),
         role=data.get("role", "") or "",
@@ -105,8 +147,35 @@ def task_result(event: dict) -> TaskResult | None:
         status=status,
         message=_message(result) if status in ("failed", "unreachable") else "",
         ignored=bool(data.get("ignore_errors")),
-        diffs=_as_list(result.get("diff")),
+        diffs=diffs,
+        notes=_notes(data, result) if status in ("ok", "changed") else [],
     )
+
+
+def _notes(data: dict, result: dict) -> list[str]:
+    """What a debug task says (the "would ..." of check mode, warnings), item by item for a loop."""
+    if not str(data.get("task_action") or "").endswith("debug"):
+        return []
+    items = [item for item in result.get("results") or [] if isinstance(item, dict)] or [result]
+    return [str(item["msg"]).strip() for item in items if item.get("msg") and not item.get("skipped")]
+
+
+def _destination(result: dict) -> str:
+    """The file a module result is about: its dest or path (the template module's after_header is a temp file)."""
+    arguments = (result.get("invocation") or {}).get("module_args") or {}
+    return str(result.get("dest") or result.get("path") or arguments.get("dest") or arguments.get("path") or "")
+
+
+def file_diffs(result: dict) -> list[dict]:
+    """Ansible's --diff entries of a result, a loop's items' included, each with the file it is about ("dest")."""
+    items = [item for item in result.get("results") or [] if isinstance(item, dict)]
+    entries = []
+    for source in [result, *items]:
+        if CENSORED in source:  # an item of a no_log loop: nothing of it may be shown
+            continue
+        destination = _destination(source)
+        entries.extend({**entry, "dest": destination} for entry in _as_list(source.get("diff")))
+    return entries
 
 
 def _as_list(diff) -> list[dict]:
@@ -116,18 +185,26 @@ def _as_list(diff) -> list[dict]:
 
 
 def unified_diff(entry: dict) -> str:
-    """Render one Ansible diff entry as a unified diff (or its prepared text)."""
+    """Render one Ansible diff entry: a unified diff labelled with the file's destination, a change
+    of attributes (mode, owner, state), or only that a censored (no_log) result changes."""
+    destination = entry.get("dest") or str(entry.get("before_header") or "").removesuffix(" (content)")
+    if entry.get("hidden"):
+        return f"{destination or 'a no_log result'}: content changes (not shown: no_log)\n"
     if "prepared" in entry:
         return str(entry["prepared"])
     before, after = entry.get("before", ""), entry.get("after", "")
-    if not isinstance(before, str) or not isinstance(after, str):
+    if isinstance(before, dict) and isinstance(after, dict):
+        changes = [f"{key} {before.get(key, '(none)')} -> {after[key]}" for key in after
+                   if key != "path" and before.get(key) != after[key]]
+        return f"{destination}: {', '.join(changes)}\n" if changes else ""
+    if not isinstance(before, str) or not isinstance(after, str) or before == after:
         return ""
     return "".join(
         difflib.unified_diff(
             before.splitlines(keepends=True),
             after.splitlines(keepends=True),
-            fromfile=str(entry.get("before_header", "before")),
-            tofile=str(entry.get("after_header", "after")),
+            fromfile=f"{destination} (now)" if destination else str(entry.get("before_header", "before")),
+            tofile=f"{destination} (after apply)" if destination else str(entry.get("after_header", "after")),
         )
     )
 
@@ -162,12 +239,13 @@ def run_playbook(
     playbook = playbook or paths.site_playbook()
     problems: list[TaskResult] = []
     stats: dict[str, HostStats] = {}
+    reader = ResultReader()
 
     def handle(event: dict) -> bool:
         nonlocal stats
         if event.get("event") == "playbook_on_stats":
             stats = _stats(event)
-        result = task_result(event)
+        result = reader.read(event)
         if result is not None:
             if result.status in ("failed", "unreachable") and not result.ignored:
                 problems.append(result)
@@ -194,6 +272,8 @@ def run_playbook(
             envvars={
                 "ANSIBLE_CONFIG": str(paths.ansible_cfg()),
                 "ANSIBLE_FORCE_COLOR": "0",
+                # ansible-runner turns host key checking off unless told: keep ansible.cfg's strict checking
+                "ANSIBLE_HOST_KEY_CHECKING": "True",
                 "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             },
             event_handler=handle,
@@ -213,7 +293,28 @@ def apply_spec(
     diff: bool = False,
     on_result: Callable[[TaskResult], None] | None = None,
 ) -> ApplyResult:
-    """Generate the spec's inventory into a private folder and run the playbook on it."""
-    with tempfile.TemporaryDirectory(prefix="provision-inventory-") as inventory_dir:
-        write_inventory(spec, Path(inventory_dir))
-        return run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, on_result=on_result)
+    """Generate the spec's inventory into a private folder and run the playbook on it.
+
+    First every host's key is checked (all at once): a host whose key is unknown or changed is not
+    run on; it is reported unreachable, with the fingerprints and the fix, and the others go on."""
+    hosts = [host for host in spec.hosts if limit in (None, host.name)]
+    checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
+                                   trust_command(spec.source_path, host.name)) for host in hosts])
+    refusals = [TaskResult(name, "", f"connect to {check.address}:{check.port}", "unreachable", check.reason())
+                for name, check in checks.items() if check.refused]
+    for refusal in refusals:
+        if on_result is not None:
+            on_result(refusal)
+    allowed = [host.name for host in hosts if not checks[host.name].refused]
+    if not allowed:
+        result = ApplyResult(rc=1)
+    else:
+        with tempfile.TemporaryDirectory(prefix="provision-inventory-") as inventory_dir:
+            write_inventory(spec, Path(inventory_dir))
+            result = run_playbook(Path(inventory_dir), limit=limit if not refusals else ",".join(allowed),
+                                  check=check, diff=diff, on_result=on_result)
+    refused_stats = {refusal.host: HostStats(unreachable=1) for refusal in refusals}
+    result.stats = {host.name: refused_stats.get(host.name) or result.stats[host.name]
+                    for host in hosts if host.name in refused_stats or host.name in result.stats}
+    result.problems[:0] = refusals
+    return result

@@ -7,12 +7,15 @@ removes the host_vars files it generated earlier for hosts no longer in the spec
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from provisioner.files import write_folder
+from provisioner.hostkeys import ssh_options
 from provisioner.spec import Container, Host, Instance, Spec
 
 GROUP = "vllm_hosts"
@@ -40,10 +43,11 @@ def connection_vars(host: Host) -> dict[str, Any]:
     }
     if ssh.key:
         variables["ansible_ssh_private_key_file"] = ssh.key
-    if ssh.known_hosts:
-        variables["ansible_ssh_common_args"] = (
-            f"-o UserKnownHostsFile={ssh.known_hosts} -o StrictHostKeyChecking=yes"
-        )
+    # strict host key checking, the spec's known_hosts the only trust source (provisioner/hostkeys.py);
+    # Ansible puts these after ansible.cfg's ssh_args (which sets none of them): ssh takes the first value
+    variables["ansible_ssh_common_args"] = shlex.join(
+        [item for option in ssh_options(ssh.known_hosts) for item in ("-o", option)]
+    )
     variables["ansible_become"] = ssh.become
     return variables
 
@@ -120,15 +124,12 @@ class WrittenInventory:
 
 
 def write_inventory(spec: Spec, out_dir: str | Path) -> WrittenInventory:
-    """Write the inventory under `out_dir`; remove host_vars we generated for hosts no longer in the spec."""
+    """Write the inventory under `out_dir`, every file or none (provisioner.files.write_folder); then
+    remove the host_vars we generated for hosts no longer in the spec."""
     out_dir = Path(out_dir)
-    result = WrittenInventory(out_dir)
     files = build_inventory(spec)
-    for relative, data in files.items():
-        path = out_dir / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_file(spec, data), encoding="utf-8")
-        result.written.append(path)
+    written = write_folder(out_dir, {relative: render_file(spec, data) for relative, data in files.items()})
+    result = WrittenInventory(out_dir, written=written)
     for stale in sorted((out_dir / "host_vars").glob("*.yml")):
         if f"host_vars/{stale.name}" not in files and is_generated(stale):
             stale.unlink()

@@ -9,7 +9,6 @@ re-implements a unit or a config file in Python.
 from __future__ import annotations
 
 import ipaddress
-import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -149,12 +148,6 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
                 f"{instance.name} listens on {instance.bind} without an API key: anyone who reaches "
                 f"port {instance.port} can use it — set api_key_file"
             )
-        parallel = _int_option(instance, "tensor-parallel-size") * _int_option(instance, "pipeline-parallel-size")
-        if len(instance.gpus) > 1 and parallel != len(instance.gpus):
-            warnings.append(
-                f"{instance.name} sees {len(instance.gpus)} GPUs but tensor-parallel-size × pipeline-parallel-size "
-                f"is {parallel}: vLLM uses only {parallel} of them"
-            )
     limited = [device.index for device in host.gpus.devices if device.power_limit != "default"]
     if limited and not host.gpus.persistence_mode:
         warnings.append(
@@ -171,12 +164,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return address == "localhost"
-
-
-def _int_option(instance: Instance, name: str) -> int:
-    options = instance.serve_options
-    value = options.get(name, options.get(name.replace("-", "_"), 1))
-    return value if isinstance(value, int) and not isinstance(value, bool) else 1
 
 
 # --------------------------------------------------------------------------- the roles, read as data
@@ -248,14 +235,60 @@ def _flatten(tasks: list) -> Iterator[dict]:
 
 
 def unit_environment(unit: str) -> dict[str, str]:
-    """The variables set by a unit's Environment= lines (systemd quoting and %% undone)."""
+    """The variables set by the Environment= lines of a unit or a quadlet, read as systemd reads them.
+
+    systemd undoes %% first, then splits the line into words (quotes and C escapes undone); a line
+    with an unbalanced quote is ignored, as systemd ignores it. A quadlet's [Container] values go into
+    the podman command line of its unit's ExecStart=, where systemd also turns $$ into $.
+    """
     environment = {}
+    section = ""
     for line in unit.splitlines():
-        if line.startswith("Environment="):
-            for assignment in shlex.split(line.removeprefix("Environment=")):
+        if line.startswith("[") and line.rstrip().endswith("]"):
+            section = line.strip()
+        elif line.startswith("Environment="):
+            setting = line.removeprefix("Environment=").replace("%%", "%")
+            for assignment in systemd_words(setting) or []:
                 key, _, value = assignment.partition("=")
-                environment[key] = value.replace("%%", "%")
+                environment[key] = value.replace("$$", "$") if section == "[Container]" else value
     return environment
+
+
+_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+              "\\": "\\", '"': '"', "'": "'", "s": " "}
+
+
+def systemd_words(text: str) -> list[str] | None:
+    """The words of a unit setting as systemd's extract_first_word(UNQUOTE|CUNESCAPE) splits them;
+    None where systemd refuses the line (an unbalanced quote, an unknown escape). The \\x, \\u and
+    octal escapes are not read: the templates never write them."""
+    words: list[str] = []
+    word: list[str] | None = None  # None: between words
+    quote = ""
+    characters = iter(text)
+    for char in characters:
+        if char == "\\":
+            escaped = _C_ESCAPES.get(next(characters, ""))
+            if escaped is None:
+                return None
+            word = (word or []) + [escaped]
+        elif quote and char == quote:
+            quote = ""
+        elif quote:
+            word.append(char)
+        elif char in "\"'":
+            quote, word = char, word or []
+        elif char in " \t":
+            if word is not None:
+                words.append("".join(word))
+            word = None
+        else:
+            word = (word or []) + [char]
+    if quote:
+        return None
+    if word is not None:
+        words.append("".join(word))
+    return words
 
 
 def compose_environment(compose: str) -> dict[str, str]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import shlex
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from provisioner.audit.expectations import Connection, spec_connection
 from provisioner.audit.runner import connection_options
+from provisioner.hostkeys import Endpoint, explain_refusal, trust_command
 from provisioner.plan import is_loopback
 from provisioner.spec import Host
 
@@ -27,10 +29,12 @@ class HostShell:
     name: str
     connection: Connection
     local: bool = False
+    trust_command: str | None = None  # the fix `provision trust SPEC HOST` for a refused host key
 
     @classmethod
-    def for_host(cls, host: Host) -> "HostShell":
-        return cls(host.name, spec_connection(host), local=is_loopback(host.address))
+    def for_host(cls, host: Host, spec_path: str | Path | None = None) -> "HostShell":
+        return cls(host.name, spec_connection(host), local=is_loopback(host.address),
+                   trust_command=trust_command(spec_path, host.name))
 
     def argv(self, command: str) -> list[str]:
         """The local argv that runs `command` (bash text) on the host, as root when the spec says become."""
@@ -49,6 +53,11 @@ class HostShell:
                                     stdin=None if stdin is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise RemoteError(f"{self.name}: `{_short(command)}` did not finish within {timeout:.0f} s") from None
+        if result.returncode == 255 and not self.local:  # ssh itself failed: a refused host key is explained
+            refusal = explain_refusal(result.stderr, Endpoint(self.name, self.connection.address, self.connection.port,
+                                                              self.connection.known_hosts, self.trust_command))
+            if refusal:
+                raise RemoteError(refusal)
         if check and result.returncode != 0:
             output = (result.stderr.strip() or result.stdout.strip())[-2000:]
             raise RemoteError(f"{self.name}: `{_short(command)}` exited {result.returncode}: {output}")

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import os
 import re
+import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +39,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from provisioner.gpu import cards
 from provisioner.vllm import flags
 from provisioner.vllm.profiles import profile_env, profile_options
 
@@ -365,10 +368,10 @@ def load_spec(path: str | Path) -> Spec:
     """Read, parse and validate a spec file; raise `SpecError` with every problem found."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as error:
         raise SpecError([Problem(str(path), f"cannot read the spec: {error.strerror or error}")]) from None
-    data = parse_yaml(text, path.name)
+    data = parse_yaml(decode_spec(raw, path.name), path.name)
     spec = validate_spec(data, base_dir=path.parent)
     spec._source_path = path
     return spec
@@ -377,7 +380,13 @@ def load_spec(path: str | Path) -> Spec:
 def parse_yaml(text: str, source_name: str = "spec") -> Any:
     """YAML → Python data; syntax errors and duplicate keys become a `SpecError` with line:column."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+        return _load_bounded(text, source_name)
+    except yaml.reader.ReaderError as error:
+        line, column = _line_column(text, error.position)
+        raise SpecError([Problem(
+            f"{source_name}:{line}:{column}",
+            f"character #x{error.character:04x} is not allowed in YAML — remove it (a control character "
+            "or a stray byte; save the spec as plain UTF-8 text)")]) from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"{source_name}:{mark.line + 1}:{mark.column + 1}" if mark else source_name
@@ -386,21 +395,122 @@ def parse_yaml(text: str, source_name: str = "spec") -> Any:
             what = f"{what} ({error.context})"
         fix = "remove one of them" if what.startswith("duplicate key") else "fix the YAML syntax"
         raise SpecError([Problem(where, f"{what} — {fix}")]) from None
+    except RecursionError:
+        raise SpecError([Problem(source_name, "values nested too deeply to read — a spec nests a few levels; "
+                                              "fix the brackets")]) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects duplicate keys instead of keeping the last one silently."""
+    """A SafeLoader that rejects duplicate keys instead of keeping the last one silently.
+
+    Merge keys (`<<: *defaults`) work as in `yaml.safe_load`: the mapping's own keys override the
+    merged ones (that is no duplicate); a key written twice in the mapping itself still is."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # flattened by SafeConstructor.construct_mapping
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                repeated = key in seen
+            except TypeError:
+                continue  # a list or mapping as a key: SafeConstructor says "found unhashable key"
+            if repeated:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key '{key}'", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def compose_document(self) -> yaml.Node:
+        """yaml.composer.Composer.compose_document, keeping the anchors for the expansion check."""
+        self.get_event()  # DocumentStartEvent
+        node = self.compose_node(None, None)
+        self.get_event()  # DocumentEndEvent
+        self.composed_anchors, self.anchors = self.anchors, {}
+        return node
+
+
+def decode_spec(raw: bytes, source_name: str = "spec") -> str:
+    """The spec's bytes as UTF-8 text; other bytes become a `SpecError` naming the line and byte offset."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
+        raise SpecError([Problem(
+            f"{source_name}:{line}:{column}",
+            f"byte 0x{raw[error.start]:02x} at offset {error.start} is not UTF-8 — save the spec as UTF-8 "
+            "(e.g. `iconv -f latin1 -t utf-8`)")]) from None
+
+
+def _line_column(text: str, position: int) -> tuple[int, int]:
+    line = text.count("\n", 0, position) + 1
+    return line, position - (text.rfind("\n", 0, position) + 1) + 1
+
+
+# Scalars, sequences and mappings a document may expand to once its aliases are followed. A spec
+# of a hundred hosts is a few thousand; "billion laughs" documents (nested aliases, each repeating
+# the one before) expand to billions from a few lines, and constructing them exhausts the memory.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _load_bounded(text: str, source_name: str) -> Any:
+    """Compose the document (aliases stay references), refuse it if its aliases expand beyond
+    MAX_EXPANDED_NODES, then construct it; as `yaml.load(text, Loader=_StrictLoader)` otherwise."""
+    loader = _StrictLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        problem = _alias_expansion_problem(root, loader.composed_anchors, source_name)
+        if problem:
+            raise SpecError([problem])
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
+def _alias_expansion_problem(root: yaml.Node, anchors: dict[str, yaml.Node], source_name: str) -> Problem | None:
+    """A Problem when following the aliases would build more than MAX_EXPANDED_NODES values, or a
+    value that contains itself; counted on the composed nodes (an alias is the anchored node itself)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def expanded(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise _SelfContaining(node)
+        open_nodes.add(id(node))
+        children = node.value if isinstance(node, yaml.SequenceNode) else \
+            [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
+        sizes[id(node)] = 1 + sum(expanded(child) for child in children)
+        open_nodes.discard(id(node))
+        return sizes[id(node)]
+
+    def anchor_of(node: yaml.Node) -> str:
+        name = next((name for name, anchored in anchors.items() if anchored is node), None)
+        mark = node.start_mark
+        return f"&{name} (line {mark.line + 1})" if name else f"the value at line {mark.line + 1}"
+
+    try:
+        total = expanded(root)
+    except _SelfContaining as error:
+        return Problem(source_name, f"{anchor_of(error.node)} contains an alias of itself, which expands without end "
+                                    "— write the repeated part out")
+    if total <= MAX_EXPANDED_NODES or total == len(sizes):  # no alias repeats anything: as long as the text
+        return None
+    biggest = max(anchors.values(), key=lambda node: sizes.get(id(node), 0))
+    return Problem(source_name, f"its aliases expand to {total:,} values (at most {MAX_EXPANDED_NODES:,}; "
+                                f"{anchor_of(biggest)} alone is {sizes[id(biggest)]:,}): a \"billion laughs\" "
+                                "document — write the repeated parts out, or alias fewer nested parts")
+
+
+class _SelfContaining(Exception):
+    def __init__(self, node: yaml.Node):
+        self.node = node
 
 
 def validate_spec(data: Any, base_dir: str | Path = ".", check_files: bool = True) -> Spec:
@@ -608,6 +718,11 @@ def consistency_problems(parts: _SpecParts, check_files: bool = True) -> list[Pr
         problems += _keyed_problems(("instances", index, "options"), instance.options, _option_problem)
         problems += _keyed_problems(("instances", index, "env"), instance.env, _env_problem)
     problems += _flag_problems(parts)
+    problems += _name_length_problems(parts)
+    problems += _blank_model_problems(parts)
+    problems += _power_limit_problems(parts)
+    problems += _parallel_problems(parts)
+    problems += text_problems(parts, check_files=check_files)
     if check_files:
         problems += _missing_files(parts)
     return problems
@@ -869,6 +984,105 @@ def _version_problems(parts: _SpecParts) -> list[Problem]:
     ]
 
 
+# Longest names every destination takes. A host name is the inventory name and, often, the
+# machine's DNS name: one DNS label, at most 63 octets (RFC 1035 §2.3.4; RFC 1123 §2.1). An
+# instance name makes the unit vllm-<name>.service (systemd: unit names are shorter than
+# UNIT_NAME_MAX = 256, src/basic/unit-name.h, so 242 for the name), the files /etc/vllm/<name>.env,
+# .yaml, .compose.yaml and vllm-<name>.container (a file name is at most NAME_MAX = 255 bytes),
+# and the container and compose project vllm-<name>, which Docker and Podman also publish as a
+# DNS name on the container's network: one label, 63 octets, so 63 - len("vllm-") = 58, the
+# tightest of them.
+HOST_NAME_MAX = 63
+INSTANCE_NAME_MAX = 63 - len("vllm-")
+
+
+def _name_length_problems(parts: _SpecParts) -> list[Problem]:
+    problems = [
+        Problem(f"hosts[{index}].name", f"'{host.name[:20]}…' is {len(host.name)} characters long, more than a DNS "
+                f"label takes ({HOST_NAME_MAX}) — use a shorter name (it is the inventory name, often the DNS name)")
+        for index, host in _present(parts.hosts) if len(host.name) > HOST_NAME_MAX
+    ]
+    problems += [
+        Problem(f"instances[{index}].name",
+                f"'{instance.name[:20]}…' is {len(instance.name)} characters long, more than {INSTANCE_NAME_MAX} — "
+                "use a shorter name (vllm-<name> must be a DNS label of at most 63 characters: it names the "
+                "container and the unit)")
+        for index, instance in _present(parts.instances) if len(instance.name) > INSTANCE_NAME_MAX
+    ]
+    return problems
+
+
+def _blank_model_problems(parts: _SpecParts) -> list[Problem]:
+    return [
+        Problem(f"instances[{index}].model", "is empty — give the model to serve: a Hugging Face id (e.g. "
+                "Qwen/Qwen3-1.7B-FP8) or a local path")
+        for index, instance in _present(parts.instances) if not instance.model.strip()
+    ]
+
+
+def _power_limit_problems(parts: _SpecParts) -> list[Problem]:
+    """Watts no card of that model takes (the known ranges of provisioner.gpu.cards), or no NVIDIA card at all."""
+    problems = []
+    for host_index, host in _present(parts.hosts):
+        for device_index, device in enumerate(host.gpus.devices):
+            watts = device.power_limit
+            if not _is_int(watts):
+                continue
+            where = f"hosts[{host_index}].gpus.devices[{device_index}].power_limit"
+            known = cards.power_range(device.model)
+            if known and not known.min_w <= watts <= known.max_w:
+                problems.append(Problem(where, f"{watts} W is outside the {device.model}'s power-limit range "
+                                        f"({known.min_w}–{known.max_w} W) — use watts in that range, or 'max'"))
+            elif not known and watts > cards.NO_NVIDIA_CARD_ABOVE_W:
+                problems.append(Problem(where, f"{watts} W is more than any NVIDIA GPU takes (the largest modules are "
+                                        f"rated well under {cards.NO_NVIDIA_CARD_ABOVE_W} W) — give the card's watts "
+                                        "(nvidia-smi -q -d POWER shows its range), or 'max'"))
+    return problems
+
+
+# vLLM 0.25.0, read in its source: one engine's world size is pipeline × tensor × prefill-context
+# parallel size (ParallelConfig.__post_init__, vllm/config/parallel.py; decode-context parallel reuses
+# the tensor-parallel GPUs); data parallel runs data-parallel-size-local engines on this node, each on
+# world-size GPUs, by default all of data-parallel-size, and one with external load balancing
+# (data-parallel-external-lb, or a data-parallel-rank given) (EngineArgs.create_engine_config,
+# vllm/engine/arg_utils.py). The instance's GPUs must be exactly those.
+PARALLEL_FACTORS = ("tensor-parallel-size", "pipeline-parallel-size", "prefill-context-parallel-size")
+
+
+def _parallel_problems(parts: _SpecParts) -> list[Problem]:
+    problems = []
+    for index, instance, _, host in _instances_with_hosts(parts):
+        if len({gpu_label(host, ref) for ref in instance.gpus}) != len(instance.gpus):
+            continue  # a GPU listed twice: _gpu_reference_problems says so
+        options = {key.replace("_", "-"): value for key, value in instance.serve_options.items()}
+        factors = {name: options[name] for name in PARALLEL_FACTORS if name in options}
+        external = options.get("data-parallel-external-lb") is True or "data-parallel-rank" in options
+        data_parallel = "data-parallel-size-local" if "data-parallel-size-local" in options else "data-parallel-size"
+        if data_parallel in options and not external:
+            factors[data_parallel] = options[data_parallel]
+        if not all(_is_int(value) and value >= 1 for value in factors.values()):
+            continue  # a value vLLM would not take: _flag_problems says so
+        used, listed = math.prod(factors.values()), len(instance.gpus)
+        if used == listed:
+            continue
+        first = next(iter(factors), "tensor-parallel-size")
+        where = f"instances[{index}].options.{first}" if factors else f"instances[{index}].gpus"
+        product = " × ".join(f"{name} {value}" for name, value in factors.items()) or \
+            "vLLM's default (tensor-parallel-size 1)"
+        fix = f"make their product {listed}" if len(factors) > 1 else f"set {first}: {listed}"
+        problems.append(Problem(where, f"{product} makes vLLM use {_gpus(used)}, but the instance has {_gpus(listed)} "
+                                f"(gpus: {_literal_list(instance.gpus)}) — {fix}, or list {_gpus(used)} under gpus"))
+    return problems
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU{'s' if count != 1 else ''}"
+
+
+def _literal_list(values: list) -> str:
+    return "[" + ", ".join(str(value) for value in values) + "]"
+
+
 def _flag_problems(parts: _SpecParts) -> list[Problem]:
     """The options the host's vLLM version would reject (its catalog, from vLLM's own parser)."""
     problems = []
@@ -930,8 +1144,149 @@ def _missing_files(parts: _SpecParts) -> list[Problem]:
         if host.vllm.wheelhouse and (message := _wheelhouse_problem(host.vllm.wheelhouse, host.vllm.version))
     ]
     for where, path, what in named:
-        if not Path(path).is_file():
+        if Path(path).is_dir():
+            problems.append(Problem(where, f"{path} is a folder, not a file — name the file that holds {what}"))
+        elif not Path(path).is_file():
             problems.append(Problem(where, f"{path} does not exist — create it with {what} or correct the path"))
-        elif Path(path).stat().st_size == 0:
+        elif Path(path).stat().st_size == 0 and not where.endswith(".known_hosts"):  # empty: trusts no host yet
             problems.append(Problem(where, f"{path} is empty — put {what} in it"))
+    return problems
+
+
+# --------------------------------------------------------------------------- text that reaches a host
+#
+# Every string of the spec ends up in a file a role writes (a unit, a quadlet, a compose or config file,
+# the sysctl file, the inventory) or on a command line. The templates quote each value for its
+# destination; what no quoting can carry is refused here, for every string field alike: control
+# characters and the other line breaks (our own parsers split lines with str.splitlines), and per field
+# what its destination cannot take.
+
+# the line breaks str.splitlines splits on that are not control characters
+_LINE_SEPARATORS = {"\u2028": "a line separator", "\u2029": "a paragraph separator"}
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_CHARACTER_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\0": "a NUL character",
+                    "\v": "a vertical tab", "\f": "a form feed", "\x85": "a next-line character", **_LINE_SEPARATORS}
+
+# Where a field's text goes (by the field's name under hosts[i] / instances[i]), for the messages.
+_DESTINATIONS = {
+    "model": "the unit (Description=, ExecStartPost=) and the config file",
+    "options": "the config file (and the unit's ExecStartPost= for served-model-name)",
+    "env": "the unit (Environment=)",
+    "container": "the quadlet or compose file",
+    "settings": "the sysctl file",
+    "ssh": "the inventory and ssh's command line",
+    "vllm": "the inventory and the install's command lines",
+    "gpus": "the inventory",
+}
+
+USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$")
+INSTALL_PATH_RE = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
+API_KEY_RE = re.compile(r"^[A-Za-z0-9._~+/=-]+$")  # roles/vllm_service/tasks/preflight.yml: one env-file line
+
+
+def text_problems(parts: _SpecParts, check_files: bool = True) -> list[Problem]:
+    """Every string of the hosts and instances that passed pass 1, checked for where it goes."""
+    problems = []
+    for section, items in (("hosts", parts.hosts), ("instances", parts.instances)):
+        for index, item in _present(items):
+            for loc, text in _strings_of(item, (section, index)):
+                message = _character_problem(text, _DESTINATIONS.get(loc[2], "the files the roles write"))
+                if message:
+                    problems.append(Problem(path_of(loc), message))
+    flagged = {problem.path for problem in problems}  # one problem per field: its characters first
+    for index, host in _present(parts.hosts):
+        problems += [problem for problem in _host_text_problems(index, host) if problem.path not in flagged]
+    if check_files:
+        problems += _api_key_problems(parts)
+    return problems
+
+
+def _strings_of(value: Any, loc: tuple) -> Iterator[tuple[tuple, str]]:
+    """(location, text) of every string in a model's fields, lists and mappings (keys too)."""
+    if isinstance(value, str):
+        yield loc, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _strings_of(getattr(value, name), (*loc, name))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings_of(key, (*loc, key))
+            yield from _strings_of(item, (*loc, key))
+    elif isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            yield from _strings_of(item, (*loc, position))
+
+
+def _character_problem(text: str, destination: str) -> str | None:
+    for char in text:
+        category = unicodedata.category(char)
+        if char in _LINE_BREAKS:
+            return (f"contains {_character_name(char)}, which would end its line in {destination} "
+                    "— remove it")
+        if char == "\t":
+            return f"contains {_character_name(char)} — write spaces instead"
+        if category == "Cc":
+            return f"contains {_character_name(char)}, a control character {destination} cannot hold — remove it"
+        if category == "Cs":
+            return f"contains {_character_name(char)}, half of a character (a lone surrogate) — write the whole character"
+    return None
+
+
+def _character_name(char: str) -> str:
+    code = f"U+{ord(char):04X}"
+    return f"{_CHARACTER_NAMES[char]} ({code})" if char in _CHARACTER_NAMES else code
+
+
+def _host_text_problems(index: int, host: Host) -> list[Problem]:
+    where = f"hosts[{index}]"
+    problems = []
+    if not USER_RE.match(host.ssh.user):
+        problems.append(Problem(f"{where}.ssh.user", f"'{host.ssh.user}' is not a user name — use letters, digits "
+                                "and '_.-', starting with a letter or '_' (e.g. root, ubuntu)"))
+    if not INSTALL_PATH_RE.match(host.vllm.install_path):
+        problems.append(Problem(f"{where}.vllm.install_path", f"'{host.vllm.install_path}' cannot be written "
+                                "unquoted on the install's command line (`python3 -m venv <path>/venv`) — use "
+                                "letters, digits and . _ + @ - / only"))
+    for field, path in (("key", host.ssh.key), ("known_hosts", host.ssh.known_hosts)):
+        if path and '"' in path:  # ssh_config and Ansible's ssh arguments quote these paths with "
+            problems.append(Problem(f"{where}.ssh.{field}", f"'{path}' has a double quote, which ssh's options "
+                                    "cannot hold — rename the file"))
+    if host.vllm.wheelhouse and any(char in host.vllm.wheelhouse for char in "*?[]"):
+        problems.append(Problem(f"{where}.vllm.wheelhouse", f"'{host.vllm.wheelhouse}' has a glob character "
+                                "(* ? [ ]); the roles find its wheels with a glob pattern — rename the folder"))
+    if host.vllm.index_url is not None and (not host.vllm.index_url or any(char.isspace() for char in host.vllm.index_url)):
+        problems.append(Problem(f"{where}.vllm.index_url", "a URL has no spaces — write a space as %20, or null for PyPI"))
+    problems += _keyed_problems(("hosts", index, "settings", "sysctls"), host.settings.sysctls, _sysctl_text_problem)
+    return problems
+
+
+def _sysctl_text_problem(key: str, value: int | str) -> str | None:
+    """The sysctl file is `key = value` lines: systemd-sysctl trims the value and the role refuses '='."""
+    if not isinstance(value, str):
+        return None
+    if not value.strip():
+        return "is empty — give the value, or remove the parameter"
+    if value != value.strip():
+        return f"'{value}' has spaces around it, which the sysctl file drops — remove them"
+    if "=" in value:
+        return f"'{value}' contains '=', which the role refuses in a sysctl file line — remove it"
+    return None
+
+
+def _api_key_problems(parts: _SpecParts) -> list[Problem]:
+    """The key goes unquoted into the env file: one line of the role's charset. Names the file, never the key."""
+    problems = []
+    for index, instance in _present(parts.instances):
+        path = instance.api_key_file
+        if not path or not Path(path).is_file() or Path(path).stat().st_size == 0:
+            continue  # a missing or empty file is reported by _missing_files
+        try:
+            key = Path(path).read_bytes().decode("utf-8").rstrip()  # as Ansible's file lookup reads it
+        except (OSError, UnicodeDecodeError):
+            key = None
+        if key is None or not API_KEY_RE.match(key):
+            problems.append(Problem(
+                f"instances[{index}].api_key_file",
+                f"the key in {path} is not one line of letters, digits and . _ ~ + / = - (it goes unquoted "
+                "into an env file) — put the key alone on the file's first line, without spaces or quotes"))
     return problems

@@ -34,7 +34,8 @@ from provisioner.plan import (
     role_defaults,
     unit_environment,
 )
-from provisioner.audit.text import shown_command, sysctl_settings
+from provisioner.audit.text import sysctl_settings
+from provisioner.secrets import redact_environment, shown_command
 from provisioner.spec import Host, Spec
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -375,7 +376,8 @@ def profile_container(container: dict[str, Any], rules: dict[str, Any]) -> dict[
     return {
         **{key: container[key] for key in ("name", "tool", "image", "ports", "shm_bytes")},
         # only the variables the rules ask about, and the command line with secret flags redacted
-        "environment": {name: value for name, value in container["environment"].items() if name in rules["environment"]},
+        "environment": redact_environment(
+            {name: value for name, value in container["environment"].items() if name in rules["environment"]}),
         "command_line": shown_command(container["argv"]),
         "rules": {"environment": rules["environment"], "command_line": rules["command_line"]},
     }

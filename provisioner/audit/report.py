@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ElementTree
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 
 from provisioner.audit.runner import HostReport, exit_code
+from provisioner.secrets import redact
 
 STATUS_STYLE = {"passed": "green", "failed": "bold red", "n/a": "cyan", "error": "bold red", "skipped": "yellow"}
 COUNTED = ("passed", "failed", "n/a", "error")
 
 
+def redacted(report: HostReport) -> HostReport:
+    """The report as every output shows it: secrets in a check's values, its message or the host's
+    error (e.g. pytest's or ssh's own words) redacted."""
+    checks = [replace(check, check=redact(check.check), expected=redact(check.expected), actual=redact(check.actual),
+                      message=redact(check.message)) for check in report.checks]
+    return replace(report, checks=checks, error=None if report.error is None else redact(report.error))
+
+
 def summary(report: HostReport) -> str:
     """'drift: 50 passed, 1 failed, 5 n/a' or 'could not run: <why>'."""
     if report.error is not None:
-        return f"could not run: {report.error}"
+        return f"could not run: {redact(report.error)}"
     counts = ", ".join(f"{report.count(status)} {status}" for status in COUNTED if report.count(status))
     return f"{report.status}: {counts or 'no checks'}"
 
@@ -27,6 +36,7 @@ def summary(report: HostReport) -> str:
 def host_table(report: HostReport, every_check: bool = False) -> Table | Text:
     """The host's checks that did not pass (every check with `every_check`) under its summary line;
     the summary line alone when there are none to show."""
+    report = redacted(report)
     title = f"{report.host} ({report.address}) — {summary(report)}"
     shown = [check for check in report.checks if every_check or check.status in ("failed", "error")]
     if not shown:
@@ -43,7 +53,7 @@ def host_table(report: HostReport, every_check: bool = False) -> Table | Text:
 def write_junit(reports: dict[str, HostReport], path: Path) -> None:
     """One <testsuite> per host, one <testcase> per check; a host that could not run: one errored case."""
     suites = ElementTree.Element("testsuites", name="provision audit")
-    for report in reports.values():
+    for report in map(redacted, reports.values()):
         suite = ElementTree.SubElement(suites, "testsuite", name=report.host, hostname=report.address)
         if report.error is not None:
             case = ElementTree.SubElement(suite, "testcase", classname=report.host, name="connect")
@@ -67,6 +77,6 @@ def write_junit(reports: dict[str, HostReport], path: Path) -> None:
 def write_json(reports: dict[str, HostReport], path: Path) -> None:
     data = {
         "exit_code": exit_code(reports),
-        "hosts": {name: {**asdict(report), "status": report.status} for name, report in reports.items()},
+        "hosts": {name: {**asdict(redacted(report)), "status": report.status} for name, report in reports.items()},
     }
     Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

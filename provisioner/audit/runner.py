@@ -28,6 +28,7 @@ from typing import Any
 
 from provisioner.audit.expectations import Connection, Target, profile_expectations, profile_variables
 from provisioner.audit.text import PROGRESS_PREFIX
+from provisioner.hostkeys import check_host, ssh_options, trust_command
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 CONTROL_PERSIST = "120s"
@@ -81,8 +82,12 @@ def audit_hosts(
     targets: list[Target],
     on_progress: ProgressCallback | None = None,
     profile: dict[str, Any] | None = None,
+    spec_path: str | Path | None = None,
 ) -> dict[str, HostReport]:
-    """Audit every target (expectations given, or from `profile` after discovery); one report per host."""
+    """Audit every target (expectations given, or from `profile` after discovery); one report per host.
+
+    A host whose key is unknown or changed "could not run", with the fingerprints and the fix
+    (`provision trust` when there is a spec) and nothing sent to it; the others are audited."""
     notify = on_progress or (lambda host, event, value: None)
     reports = {target.name: HostReport(target.name, target.connection.address) for target in targets}
     with tempfile.TemporaryDirectory(prefix="provision-audit-") as workdir:
@@ -90,7 +95,10 @@ def audit_hosts(
         config.write_text("".join(ssh_config_block(target.name, target.connection) for target in targets))
 
         def prepare(target: Target) -> None:
-            reports[target.name].error = connect(target.name, config)
+            connection = target.connection
+            host_key = check_host(target.name, connection.address, connection.port, connection.known_hosts,
+                                  trust_command(spec_path, target.name))
+            reports[target.name].error = host_key.reason() or connect(target.name, config)
             if reports[target.name].error is None and profile is not None:
                 reports[target.name].error = discover_into(target, config, profile)
             notify(target.name, "connected", reports[target.name].error)
@@ -133,9 +141,7 @@ def connection_options(connection: Connection) -> list[str]:
     ]
     if connection.key:
         options += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
-    if connection.known_hosts:
-        options += [f'UserKnownHostsFile "{connection.known_hosts}"', "StrictHostKeyChecking yes"]
-    return options
+    return options + ssh_options(connection.known_hosts)  # strict: see provisioner/hostkeys.py
 
 
 def control_path(connection: Connection) -> Path:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 import shlex
 
+from provisioner.secrets import shown_command  # noqa: F401 (the suite and its tests read it here too)
+
 # the suite's progress lines on stderr: this prefix, then JSON (provisioner/audit/plugin.py)
 PROGRESS_PREFIX = "@@audit "
-# the values of these flags are secrets: never shown in a report
-SECRET_FLAGS = ("--api-key",)
 
 
 def sysctl_settings(content: str) -> dict[str, str]:
@@ -43,19 +43,6 @@ def show_blocks(text: str) -> list[dict[str, str]]:
         if chunk.strip():
             blocks.append(dict(line.split("=", 1) for line in chunk.splitlines() if "=" in line))
     return blocks
-
-
-def shown_command(argv: list[str]) -> str:
-    """A command line for a report, the values of secret flags replaced: `--api-key <redacted>`."""
-    shown = []
-    for index, word in enumerate(argv):
-        name, equals, _ = word.partition("=")
-        if name in SECRET_FLAGS and equals:
-            word = f"{name}=<redacted>"
-        elif index > 0 and argv[index - 1] in SECRET_FLAGS:
-            word = "<redacted>"
-        shown.append(word)
-    return " ".join(shown)
 
 
 def modprobe_dry_run(module: str, output: str) -> tuple[bool, str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.secrets import redact_data
+
 # the metrics a summary keeps: vLLM's result keys (latencies in ms, throughputs per second)
 THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput")
 LATENCIES = tuple(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
@@ -127,4 +129,5 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    """`data` as JSON, its secrets redacted (vLLM's result may hold what it was run with)."""
+    path.write_text(json.dumps(redact_data(data), indent=1, sort_keys=False) + "\n", encoding="utf-8")

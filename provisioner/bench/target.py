@@ -52,7 +52,7 @@ def bench_target(spec: Spec, instance_name: str, vllm: str | None = None) -> Ben
     api_key = Path(instance.api_key_file).read_text(encoding="utf-8").rstrip() if instance.api_key_file else None
     return BenchTarget(
         instance=instance,
-        shell=HostShell.for_host(host),
+        shell=HostShell.for_host(host, spec.source_path),
         vllm=vllm or f"{venv_bin}/vllm",
         python=f"{venv_bin}/python",
         endpoint=Endpoint(serving["url"], serving["served_names"][0], str(config.get("tokenizer") or config["model"])),

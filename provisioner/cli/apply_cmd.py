@@ -12,6 +12,7 @@ from rich.table import Table
 from provisioner.apply import ApplyResult, TaskResult, apply_spec, unified_diff
 from provisioner.plan import build_plan
 from provisioner.cli.common import LimitOption, SpecArgument, check_limit, load_spec_or_exit
+from provisioner.secrets import redact
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -31,12 +32,14 @@ def print_result(result: TaskResult) -> None:
     style = STATUS_STYLE[result.status]
     line = f"[{style}]{result.status:>11}[/] {result.host:<16} {result.label}"
     if result.message:
-        line += f"\n{'':>12} [red]{result.message}[/]"
+        line += f"\n{'':>12} [red]{escape(redact(result.message))}[/]"
     console.print(line)
+    for note in result.notes:
+        console.print(f"{'':>12} {redact(note)}", markup=False, style="dim")
     for entry in result.diffs:
         text = unified_diff(entry)
         if text:
-            console.print(text, markup=False, style="dim")
+            console.print(redact(text), markup=False, style="dim")
 
 
 def summary_table(result: ApplyResult, check: bool) -> Table:
@@ -72,8 +75,8 @@ def apply(
     console.print(summary_table(result, check))
     if not result.succeeded:
         for problem in result.problems:
-            console.print(f"[bold red]{problem.host}[/]: {problem.label}: {problem.message}")
+            console.print(f"[bold red]{problem.host}[/]: {escape(problem.label)}: {escape(redact(problem.message))}")
         if not result.stats:
             console.print(f"[bold red]ansible-playbook exited {result.rc} before running any task:[/]")
-            console.print(result.output_tail, markup=False)
+            console.print(redact(result.output_tail), markup=False)
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from provisioner.audit.expectations import Connection, Target, load_profile, spe
 from provisioner.audit.report import host_table, summary, write_json, write_junit
 from provisioner.audit.runner import HostReport, audit_hosts, exit_code
 from provisioner.cli.common import LimitOption, check_limit, load_spec_or_exit
+from provisioner.secrets import redact
 
 COULD_NOT_RUN = 2
 
@@ -48,7 +49,7 @@ def audit(
             targets, profile_values = [host_target(host, key, known_hosts)], load_profile(profile)
         except ValueError as error:
             fail(str(error))
-    reports = run_with_progress(targets, profile_values)
+    reports = run_with_progress(targets, profile_values, spec)
     console = Console(highlight=False, soft_wrap=False)
     for report in reports.values():
         if report.error is not None:
@@ -63,7 +64,7 @@ def audit(
 
 
 def fail(message: str) -> None:
-    typer.echo(f"audit: {message}", err=True)
+    typer.echo(f"audit: {redact(message)}", err=True)
     raise typer.Exit(COULD_NOT_RUN)
 
 
@@ -92,7 +93,7 @@ def host_target(url: str, key: Path | None, known_hosts: Path | None) -> Target:
     return Target(parts.hostname, connection)
 
 
-def run_with_progress(targets: list[Target], profile: dict | None) -> dict[str, HostReport]:
+def run_with_progress(targets: list[Target], profile: dict | None, spec: Path | None = None) -> dict[str, HostReport]:
     """Audit the targets with one progress bar per host (on stderr; gone once done)."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as progress:
@@ -110,4 +111,4 @@ def run_with_progress(targets: list[Target], profile: dict | None) -> dict[str, 
             elif event == "done":
                 progress.update(task, description=f"{host}: done", completed=len(value.checks), total=len(value.checks))
 
-        return audit_hosts(targets, on_progress=on_progress, profile=profile)
+        return audit_hosts(targets, on_progress=on_progress, profile=profile, spec_path=spec)

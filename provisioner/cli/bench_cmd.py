@@ -20,6 +20,7 @@ from provisioner.bench.sweep import Sweep, parse_sweep, run_sweep
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.cli.common import load_spec_or_exit
 from provisioner.remote import RemoteError
+from provisioner.secrets import redact
 from provisioner.spec import SpecError
 
 console = Console(highlight=False, soft_wrap=True)
@@ -54,7 +55,7 @@ def bench(
         loaded = load_spec_or_exit(spec)
         target = bench_target(loaded, instance, vllm)
     except ValueError as error:
-        console.print(f"[bold red]error:[/] {escape(str(error))}")
+        console.print(f"[bold red]error:[/] {escape(redact(str(error)))}")
         raise typer.Exit(2) from None
     name = baseline or run_set_name(target)
     if (results / name).exists():
@@ -69,11 +70,11 @@ def bench(
             run_sets = [_run_set(target, profile, repeats, name, {"floor": floor_info})]
     except SpecError as error:
         for problem in error.problems:
-            console.print(f"[bold red]{escape(problem.path)}:[/] {escape(problem.message)}")
+            console.print(f"[bold red]{escape(problem.path)}:[/] {escape(redact(problem.message))}")
         console.print("nothing was changed on the host")
         raise typer.Exit(1) from None
     except (BenchError, RemoteError, ValueError) as error:
-        console.print(f"[bold red]error:[/] {escape(str(error))}")
+        console.print(f"[bold red]error:[/] {escape(redact(str(error)))}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]; the instance's config is as it was before the bench")
@@ -111,7 +112,7 @@ def _sweep(spec, target: BenchTarget, sweep: Sweep, load: Load, repeats: int, na
 
     def on_restart(value: Any) -> None:
         what = "restoring the original config" if value == "restore" else f"{sweep.flag}={value}"
-        console.print(f"restarting {target.unit}: {escape(what)} (returns once the server is ready)")
+        console.print(f"restarting {target.unit}: {escape(redact(what))} (returns once the server is ready)")
 
     return run_sweep(spec, target.name, sweep, one, vllm=vllm, on_restart=on_restart)
 

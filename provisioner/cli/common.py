@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -31,3 +33,18 @@ def check_limit(spec: Spec, limit: str | None, spec_path: str | Path) -> None:
     if limit is not None and limit not in host_names:
         typer.echo(f"--limit: no host named {limit!r} in {spec_path}; hosts: {', '.join(host_names)}", err=True)
         raise typer.Exit(2)
+
+
+@contextmanager
+def exit_on_write_error(destination: str | Path) -> Iterator[None]:
+    """An OSError while writing `destination` (nothing of it is left half-written, see provisioner.files)
+    becomes one line on stderr and exit 1."""
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.filename and str(error.filename) != str(destination):
+            reason += f" ({error.filename})"
+        typer.echo(f"{destination}: cannot write it: {reason} — nothing was written; choose a path you can "
+                   "write to", err=True)
+        raise typer.Exit(1) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, spec_cmds, wheelhouse_cmd
+from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, spec_cmds, trust_cmd, wheelhouse_cmd
 
 app = typer.Typer(
     name="provision",
@@ -21,6 +21,7 @@ app.command("facts")(facts_cmd.facts)
 app.command("audit")(audit_cmd.audit)
 app.command("wheelhouse")(wheelhouse_cmd.wheelhouse)
 app.command("bench")(bench_cmd.bench)
+app.command("trust")(trust_cmd.trust)
 
 
 if __name__ == "__main__":

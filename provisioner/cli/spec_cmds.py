@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -12,10 +11,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.cli.common import LimitOption, SpecArgument, check_limit, load_spec_or_exit
+from provisioner.cli.common import LimitOption, SpecArgument, check_limit, exit_on_write_error, load_spec_or_exit
+from provisioner.files import write_file
 from provisioner.inventory import write_inventory
 from provisioner.paths import SPEC_EXAMPLE
 from provisioner.plan import HostPlan, PlannedFile, build_plan
+from provisioner.secrets import redact, redact_environment
 from provisioner.vllm.memory import TABLE_COLUMNS
 
 
@@ -32,8 +33,8 @@ def init(
     if path.exists() and not force:
         typer.echo(f"{path} already exists; pass --force to overwrite it", err=True)
         raise typer.Exit(1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SPEC_EXAMPLE, path)
+    with exit_on_write_error(path):
+        write_file(path, SPEC_EXAMPLE.read_bytes())
     typer.echo(f"wrote {path}: edit it, then run `provision plan {path}`")
 
 
@@ -43,7 +44,8 @@ def inventory(
 ) -> None:
     """Validate the spec and write its Ansible inventory (hosts.yml, group_vars/, host_vars/)."""
     loaded = load_spec_or_exit(spec)
-    result = write_inventory(loaded, output)
+    with exit_on_write_error(output):
+        result = write_inventory(loaded, output)
     for path in result.written:
         typer.echo(f"wrote {path}")
     for path in result.removed:
@@ -69,7 +71,7 @@ def plan(spec: SpecArgument, limit: LimitOption = None) -> None:
 def show_host_plan(console: Console, plan: HostPlan) -> None:
     console.rule(f"[bold]{plan.host}[/] ({plan.address})")
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}")
+        console.print(f"[yellow]warning:[/] {escape(redact(warning))}")
 
     show_memory(console, plan)
     sysctls = Table("kernel parameter", "value", title="sysctls")
@@ -88,7 +90,7 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
         show_file(console, unit.env_file)
         show_file(console, unit.config_file)
         environment = Table("variable", "value", title=f"environment of vllm-{unit.instance}")
-        for key, value in unit.environment.items():
+        for key, value in redact_environment(unit.environment).items():
             environment.add_row(Text(key), Text(value))
         console.print(environment)
 
@@ -109,4 +111,4 @@ def show_memory(console: Console, plan: HostPlan) -> None:
 
 def show_file(console: Console, file: PlannedFile) -> None:
     console.print(f"[bold cyan]{escape(file.path)}[/] (mode {file.mode or 'unchanged'}, role {file.role})")
-    console.print(file.content, markup=False, highlight=False)
+    console.print(redact(file.content), markup=False, highlight=False)

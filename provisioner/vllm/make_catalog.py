@@ -9,7 +9,10 @@ It builds the parsers the way the `vllm` console script does (vllm/entrypoints/c
 `cmd_init()` / `subparser_init()` (serve: `vllm.entrypoints.cli.serve`, which calls
 `make_arg_parser` from `vllm.entrypoints.openai.cli_args` up to 0.28 and from
 `vllm.entrypoints.common.cli_args` in 0.33; bench: `vllm.entrypoints.cli.benchmark.main`).
-It then walks the argparse actions and writes `vllm-<version>.json`.
+It then walks the argparse actions and writes `vllm-<version>.json`. For each option that takes a
+typed value it also parses `vllm serve some/model --OPTION FORM` for every form of VALUE_FORMS (and
+the option alone) and records, under `value_forms`, what the parser made of each form it accepted and
+which it refused: provisioner/vllm/flags.py takes exactly those (tests/unit/test_spec_holes.py).
 
 The kind of each option is decided by its action class and by calling its `type` with sample
 strings, so it says what the parser really accepts. Standard library and vLLM only: the venv that
@@ -306,6 +309,49 @@ SERVE_FORMS = (
 )
 
 
+# Value forms each option that takes a value is given, parsed for real (`vllm serve some/model --OPT
+# FORM`, as vLLM's config-file reader passes `OPT: FORM`); the catalog records which the parser
+# accepts (with what it makes of them) and which it refuses. provisioner/vllm/flags.py must take
+# exactly these: tests/unit/test_spec_holes.py checks it on every recorded form.
+VALUE_FORMS = ("7", "-1", "0", "+7", "1_000", "0.5", "-0.5", "1e3", "inf", "-inf", "32k", "32K", "25.6k", "-1k",
+               "1M", "1m", "8G", "8g", "8GiB", "8gb", "1.5G", "1.5g", "1T", "1t", "auto", "AUTO", "None", "none", "",
+               "true", "abc")
+NO_VALUE = "(no value)"  # the option alone: what the config-file reader passes for `OPT: true`
+PROBED_KINDS = ("int", "float", "human_int", "bool", "other")
+
+
+def probes_values(entry: dict[str, Any]) -> bool:
+    """Options whose values are worth probing: typed ones without choices, and optional-value ones."""
+    if entry["kind"] in ("flag", "bool_optional") or entry["choices"]:
+        return False
+    return entry["kind"] in PROBED_KINDS or entry["nargs"] == "?"
+
+
+def value_forms(parser: argparse.ArgumentParser, name: str, dest: str,
+                forms: tuple[str, ...] = (*VALUE_FORMS, NO_VALUE)) -> dict[str, Any]:
+    """`{"accepts": {form: value set}, "rejects": [form, ...]}`: `vllm serve some/model NAME FORM` parsed."""
+    import contextlib
+    import io
+
+    accepts, rejects = {}, []
+    for form in forms:
+        argv = ["serve", "some/model", name] + ([] if form == NO_VALUE else [form])
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                namespace = parser.parse_args(argv)
+        except (SystemExit, Exception):  # noqa: BLE001 - a refusal is the answer
+            rejects.append(form)
+        else:
+            accepts[form] = jsonable(getattr(namespace, dest))
+    return {"accepts": accepts, "rejects": rejects}
+
+
+def add_value_forms(parser: argparse.ArgumentParser, options: dict[str, dict[str, Any]]) -> None:
+    for key, entry in options.items():
+        if probes_values(entry):
+            entry["value_forms"] = value_forms(parser, f"--{key}", entry["dest"])
+
+
 def _diff(value: Any, base: Any) -> Any:
     """What `value` changes in `base`: changed keys only, down nested dicts."""
     if isinstance(value, dict) and isinstance(base, dict):
@@ -354,6 +400,7 @@ def make_catalog() -> dict[str, Any]:
                 entry["default"] = None
                 entry["default_varies"] = True
     commands["serve"]["argv_forms"] = parse_forms(parser, SERVE_FORMS)
+    add_value_forms(parser, commands["serve"]["options"])
     return {
         "vllm_version": vllm.__version__,
         "generated_by": f"python -m provisioner.vllm.make_catalog (vLLM's own parser, {sources['serve']})",
@@ -370,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     catalog = make_catalog()
     ns.out.mkdir(parents=True, exist_ok=True)
     path = ns.out / f"vllm-{catalog['vllm_version']}.json"
-    path.write_text(json.dumps(catalog, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    partial = path.with_name(f".{path.name}.partial")  # renamed over the catalog: never half a file
+    partial.write_text(json.dumps(catalog, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    partial.replace(path)
     counts = ", ".join(f"{cmd}: {len(c['options'])} options" for cmd, c in catalog["commands"].items())
     print(f"wrote {path} ({counts})", file=sys.stderr)
     return 0

@@ -13,12 +13,13 @@ from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
 
-def two_gpu_spec(model: str, tensor_parallel: int = 2, **instance_fields):
+def two_gpu_spec(model: str, tensor_parallel: int = 2, pipeline_parallel: int = 1, **instance_fields):
     devices = [{"index": 0, "uuid": UUID0, "model": model}, {"index": 1, "uuid": UUID1, "model": model}]
     spec = validate_spec(spec_data(
         hosts=[host(gpus={"devices": devices})],
         instances=[instance("big", 8000, share=0.9, gpus=[0, UUID1],
-                            options={"tensor-parallel-size": tensor_parallel}, **instance_fields)],
+                            options={"tensor-parallel-size": tensor_parallel,
+                                     "pipeline-parallel-size": pipeline_parallel}, **instance_fields)],
     ), check_files=False)
     return spec.hosts[0], spec.instances
 
@@ -45,7 +46,7 @@ def test_with_the_hosts_facts_the_p2p_status_decides():
 
 def test_no_warning_where_there_is_nothing_to_warn_about():
     assert tensor_parallel_p2p_warnings(*two_gpu_spec("NVIDIA H200")) == []  # unknown without facts: no guess
-    assert tensor_parallel_p2p_warnings(*two_gpu_spec("NVIDIA GeForce RTX 4090", tensor_parallel=1)) == []
+    assert tensor_parallel_p2p_warnings(*two_gpu_spec("NVIDIA GeForce RTX 4090", tensor_parallel=1, pipeline_parallel=2)) == []
     assert tensor_parallel_p2p_warnings(
         *two_gpu_spec("NVIDIA GeForce RTX 4090", env={"NCCL_P2P_DISABLE": "1"})) == []
 

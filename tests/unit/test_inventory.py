@@ -26,7 +26,7 @@ def test_host_vars_hold_exactly_the_contract_variables():
 def test_gpu_indexes_resolve_to_uuids_and_uuids_pass_through():
     data = spec_data(
         hosts=[host(gpus=TWO_GPUS)],
-        instances=[instance("a", 8000, gpus=[1]), instance("b", 8001, gpus=[UUID0, 1])],
+        instances=[instance("a", 8000, gpus=[1]), instance("b", 8001, gpus=[UUID0, 1], options={"tensor-parallel-size": 2})],
     )
     entries = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]["vllm_service_instances"]
     assert [entry["gpu_uuids"] for entry in entries] == [[UUID1], [UUID0, UUID1]]
@@ -58,7 +58,7 @@ DIGEST = "sha256:" + "ab" * 32
 def test_container_instances_name_their_engine_image_and_cdi_devices_and_need_no_venv():
     data = spec_data(hosts=[host(gpus=TWO_GPUS)], instances=[
         instance("pod", 8000, 0.4, gpus=[1], container={"engine": "podman"}),
-        instance("dock", 8001, 0.4, gpus=[1, 0], container={
+        instance("dock", 8001, 0.4, gpus=[1, 0], options={"tensor-parallel-size": 2}, container={
             "engine": "docker", "image": "registry.local:5000/vllm", "tag": "nightly", "digest": DIGEST,
             "ipc_host": True}),
     ])
@@ -123,10 +123,15 @@ def test_hosts_yml_with_absolute_key_and_known_hosts(tmp_path):
             "ansible_port": 2222,
             "ansible_user": "ubuntu",
             "ansible_ssh_private_key_file": f"{tmp_path}/keys/id",
-            "ansible_ssh_common_args": f"-o UserKnownHostsFile={tmp_path}/known_hosts -o StrictHostKeyChecking=yes",
+            # the spec's file is the only trust source; strict; ssh writes no key (UpdateHostKeys no)
+            "ansible_ssh_common_args": f"-o 'UserKnownHostsFile \"{tmp_path}/known_hosts\"' "
+                                       "-o 'GlobalKnownHostsFile /dev/null' -o 'StrictHostKeyChecking yes' "
+                                       "-o 'UpdateHostKeys no'",
             "ansible_become": True,
         },
-        "ws3090": {"ansible_host": "192.0.2.10", "ansible_port": 22, "ansible_user": "root", "ansible_become": False},
+        "ws3090": {"ansible_host": "192.0.2.10", "ansible_port": 22, "ansible_user": "root",
+                   "ansible_ssh_common_args": "-o 'StrictHostKeyChecking yes' -o 'UpdateHostKeys no'",
+                   "ansible_become": False},
     }
 
 

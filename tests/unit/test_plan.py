@@ -177,12 +177,11 @@ def test_warnings():
     two_gpus = {"persistence_mode": False,
                 "devices": [{"index": 0, "uuid": UUID0, "power_limit": 450}, {"index": 1, "uuid": UUID1}]}
     plan = plan_of(spec_data(hosts=[host(gpus=two_gpus)], instances=[
-        instance("open", 8000, bind="0.0.0.0", gpus=[0, 1]),
+        instance("open", 8000, bind="0.0.0.0", gpus=[0]),
         instance("tp", 8001, gpus=[0, 1], options={"tensor-parallel-size": 2}),
     ]))
     assert plan.warnings == [
         "open listens on 0.0.0.0 without an API key: anyone who reaches port 8000 can use it — set api_key_file",
-        "open sees 2 GPUs but tensor-parallel-size × pipeline-parallel-size is 1: vLLM uses only 1 of them",
         "power limits on GPU 0 may not survive the driver unloading without persistence_mode",
     ]
 

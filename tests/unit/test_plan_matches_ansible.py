@@ -15,8 +15,10 @@ from ansible.template import Templar, trust_as_template
 
 from provisioner.inventory import host_vars
 from provisioner.paths import EXAMPLES_DIR, ROLES_DIR
-from provisioner.plan import build_plan, role_defaults
-from provisioner.spec import load_spec
+from provisioner.plan import UNIT_TEMPLATES, build_plan, role_defaults
+from provisioner.spec import load_spec, validate_spec
+from tests.injection_values import QUOTED
+from tests.unit.conftest import instance, spec_data
 
 TEMPLATE_ACTION_OVERRIDES = {"trim_blocks": True, "lstrip_blocks": False, "newline_sequence": "\n"}
 
@@ -54,3 +56,27 @@ def test_every_planned_file_equals_ansible_rendering(example):
     assert len(pairs) == 3 + 3 * len(spec.instances)
     for template, template_variables, planned in pairs:
         assert ansible_render(template, template_variables) == planned, template
+
+
+def test_nasty_values_render_as_ansible_renders_them():
+    """Values the templates must quote (spaces, quotes, $, %, backslashes, unicode), in every engine's files."""
+    env = {f"FOO{index}": value for index, value in enumerate(QUOTED)}
+    instances = [
+        instance(f"{engine or 'venv'}{index}", 8000 + 10 * index + position, share=0.01, model=value, env=env,
+                 options={"served-model-name": [value], "chat-template": value, "compilation-config": {"backend": value}},
+                 **({"container": {"engine": engine}} if engine else {}))
+        for index, value in enumerate(["".join(QUOTED), "trailing\\"])  # every character; one ending in \\
+        for position, engine in enumerate((None, "podman", "docker"))
+    ]
+    spec = validate_spec(spec_data(instances=instances), check_files=False)
+    (plan,) = build_plan(spec)
+    host = spec.hosts[0]
+    variables = {**role_defaults(), **host_vars(host, spec.instances_on(host.name))}
+    for index, unit in enumerate(plan.units):
+        entry = variables["vllm_service_instances"][index]
+        unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_instance_index": index}
+        engine = (entry["container"] or {}).get("engine")
+        for template, planned in ((UNIT_TEMPLATES[engine], unit.unit.content),
+                                  ("vllm-instance.yaml.j2", unit.config_file.content)):
+            assert ansible_render(ROLES_DIR / "vllm_service/templates" / template, unit_variables) == planned, \
+                (template, entry["name"])

@@ -38,7 +38,9 @@ def test_a_short_alias_is_refused_in_a_config_file():
 
 @pytest.mark.parametrize("key, value, message", [
     ("block-size", "sixteen", "'sixteen' is not an integer — --block-size takes one, e.g. 4096"),
-    ("max-model-len", "lots", "'lots' is not a length — --max-model-len takes an integer or 32k / 1M / auto"),
+    ("max-model-len", "lots", "'lots' is not a size vLLM reads — --max-model-len takes an integer, or one with a "
+                              "suffix: k, m, g, t (×1000ⁿ, decimals allowed: 25.6k) or K, M, G, T (×1024ⁿ, whole "
+                              "numbers: 8G), or auto"),
     ("enforce-eager", "yes", "--enforce-eager takes no value — write `enforce-eager: true`, or remove it"),
     ("max-num-seqs", [128, 256], "--max-num-seqs takes one value, not a list — give one"),
     ("max-num-seqs", True, "--max-num-seqs takes an integer, not true/false"),

@@ -8,14 +8,14 @@ profile's rules to each unit that discovery found.
 
 import json
 
-from provisioner.audit.checks import UNSET, each, shown
+from provisioner.audit.checks import UNSET, each, matches, shown
 from provisioner.audit.suite.instance_files import (
     expect_config_file,
     expect_env_file_content,
     expect_env_file_mode,
     expect_env_file_owner,
 )
-from provisioner.audit.text import shown_command
+from provisioner.secrets import REDACTED, is_secret_name, shown_command
 
 units = each(lambda expected: expected["units"], ids=lambda unit: unit["name"])
 
@@ -67,7 +67,14 @@ def test_property(case, facts, audit):
 @per_unit("environment")
 def test_environment(case, facts, audit):
     unit, name, expected = case.item
-    audit.expect(f"{unit['name']}: Environment {name}", expected, facts.units[unit["name"]].environment.get(name, UNSET))
+    actual = facts.units[unit["name"]].environment.get(name, UNSET)
+    if is_secret_name(name):  # compared, never shown
+        passed = matches(expected, actual)
+        shown_actual = actual if actual == UNSET else REDACTED if passed else f"{REDACTED} (another value)"
+        audit.expect(f"{unit['name']}: Environment {name}", expected if isinstance(expected, dict) else REDACTED,
+                     shown_actual, passed=passed)
+    else:
+        audit.expect(f"{unit['name']}: Environment {name}", expected, actual)
 
 
 @units

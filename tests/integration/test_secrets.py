@@ -1,0 +1,195 @@
+"""No secret appears in any output: plan, apply (--check --diff, first and second run), audit (spec and
+profile mode: table, JSON, JUnit) and bench (its output and its result files), against one real test host.
+
+Distinct secrets are planted everywhere one can be: the spec's api_key_file and an instance env
+HF_TOKEN (the instance apply builds), and, on the same host, two vLLM servers we did not build, as
+profile mode finds them: a unit started with `--api-key K1 "K2"` (vLLM takes one or more keys),
+`Environment=VLLM_API_KEY=K3` and an EnvironmentFile with HF_TOKEN, and a unit running
+`bash -c '… --api-key=K4'`. Every output is captured and searched for each secret (also with its
+whitespace and table borders taken out: a wrapped cell must not hide one); each output must also show
+the thing itself with `<redacted>` in the key's place, so the test cannot pass by printing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from provisioner.audit.runner import disconnect
+from tests.integration.test_audit import lab_connection
+from tests.lab.bench_client import ensure_bench_vllm, ensure_tokenizer
+from tests.lab.specs import VLLM_BIN, host_entry, install_standin, instance_entry, write_spec
+
+PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
+R = "<redacted>"
+SECRETS = {
+    "api_key_file": "sk-spec-keyfile-1111",
+    "spec env HF_TOKEN": "hf-spec-env-2222",
+    "--api-key first": "sk-profile-first-3333",
+    "--api-key second (quoted)": "sk-profile-second-4444",
+    "Environment=VLLM_API_KEY": "sk-profile-env-5555",
+    "bash -c --api-key=": "sk-profile-bash-6666",
+    "EnvironmentFile HF_TOKEN": "hf-profile-envfile-7777",
+}
+MODEL = "facebook/opt-125m"
+HAND_UNIT = f"""\
+[Unit]
+Description=LLM server someone set up by hand
+
+[Service]
+ExecStart={VLLM_BIN} serve {MODEL} --port 8001 --api-key {SECRETS['--api-key first']} "{SECRETS['--api-key second (quoted)']}"
+Environment=VLLM_API_KEY={SECRETS['Environment=VLLM_API_KEY']}
+EnvironmentFile=/etc/my-llm.env
+
+[Install]
+WantedBy=multi-user.target
+"""
+BASH_UNIT = f"""\
+[Unit]
+Description=Another one, through a shell
+
+[Service]
+ExecStart=/bin/bash -c 'exec {VLLM_BIN} serve {MODEL} --port 8002 --api-key={SECRETS['bash -c --api-key=']}'
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def run(*args, timeout: int = 900) -> subprocess.CompletedProcess:
+    started = time.monotonic()
+    result = subprocess.run([*PROVISION, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "COLUMNS": "250"})
+    print(f"provision {args[0]}: {time.monotonic() - started:.1f} s")
+    return result
+
+
+@pytest.fixture(scope="module")
+def outputs(lab, tmp_path_factory):
+    """One host: the spec applied, the hand-made servers planted; every command run once, its output kept."""
+    venv = ensure_bench_vllm()
+    tokenizer = ensure_tokenizer(venv)
+    host = lab.boot(f"se{lab.boot_count}", binds=(str(venv), str(tokenizer)))
+    folder = tmp_path_factory.mktemp("secrets")
+    key_file = folder / "chat.key"
+    key_file.write_text(SECRETS["api_key_file"] + "\n")
+    install_standin(host)
+    spec = write_spec(folder / "spec.yml", [host_entry(host)], [instance_entry(
+        host, "chat", 8000, share=0.9, api_key_file=str(key_file), env={"HF_TOKEN": SECRETS["spec env HF_TOKEN"]},
+        options={"max-model-len": 4096, "max-num-seqs": 4, "tokenizer": str(tokenizer)})])
+    captured: dict[str, subprocess.CompletedProcess] = {}
+    files: dict[str, Path] = {}
+    try:
+        captured["plan"] = run("plan", spec)
+        captured["apply --check --diff"] = run("apply", spec, "--check", "--diff")
+        captured["apply"] = run("apply", spec)
+        captured["apply again"] = run("apply", spec, "--diff")
+        plant_servers(host, folder)
+        files.update({"spec audit JSON": folder / "spec.json", "spec audit JUnit": folder / "spec.xml"})
+        captured["spec audit"] = run("audit", spec, "--all", "--json", files["spec audit JSON"],
+                                     "--junit", files["spec audit JUnit"], timeout=300)
+        files.update({"profile audit JSON": folder / "profile.json", "profile audit JUnit": folder / "profile.xml"})
+        captured["profile audit"] = run("audit", "--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+                                        "--known-hosts", host.known_hosts, "--all", "--json", files["profile audit JSON"],
+                                        "--junit", files["profile audit JUnit"], timeout=300)
+        results = folder / "bench-results"
+        captured["bench"] = run("bench", spec, "chat", "--vllm", f"{venv}/bin/vllm", "--results", results,
+                                "--load", "smoke", "--repeats", "1", "--no-floor", "--baseline", "b", timeout=1200)
+        files.update({f"bench {path.relative_to(results / 'b')}": path for path in sorted(results.rglob("*"))
+                      if path.is_file()})
+        yield captured, {name: path.read_text(encoding="utf-8") for name, path in files.items()}
+    finally:
+        disconnect([lab_connection(host)])
+        lab.destroy(host)
+
+
+def plant_servers(host, folder: Path) -> None:
+    """The two servers we did not build (run by the venv apply installed), started and listening."""
+    env_file = folder / "my-llm.env"
+    env_file.write_text(f"HF_TOKEN={SECRETS['EnvironmentFile HF_TOKEN']}\n")
+    host.put(env_file, "/etc/my-llm.env", mode="0600")
+    for name, text in (("my-llm", HAND_UNIT), ("my-shell-llm", BASH_UNIT)):
+        (folder / f"{name}.service").write_text(text)
+        host.put(folder / f"{name}.service", f"/etc/systemd/system/{name}.service", mode="0644")
+    host.ssh("systemctl daemon-reload && systemctl start my-llm.service my-shell-llm.service")
+    host.ssh("for i in $(seq 300); do ss -Hltn | grep -q ':8001 ' && ss -Hltn | grep -q ':8002 ' && exit 0; sleep 0.1; done;"
+             " exit 1")
+
+
+def squashed(text: str) -> str:
+    """The text without whitespace and table borders: a secret wrapped over two lines of a cell joins up."""
+    return re.sub(r"[\s│┃║|─━┆]+", "", text)
+
+
+def test_no_output_holds_a_secret(outputs):
+    captured, files = outputs
+    texts = {f"{name} stdout": result.stdout for name, result in captured.items()}
+    texts |= {f"{name} stderr": result.stderr for name, result in captured.items()}
+    texts |= files
+    assert {"bench runset.json", "bench summary.json", "bench runs/c1-r1.json"} <= set(files)
+    leaks = [(where, what) for where, text in texts.items() for what, secret in SECRETS.items()
+             if secret in text or secret in squashed(text)]
+    assert not leaks, "\n".join(f"the secret of {what} in {where}" for where, what in leaks)
+
+
+def test_plan_and_apply_show_what_they_do_with_the_keys_redacted(outputs):
+    captured, _ = outputs
+    for name in ("plan", "apply --check --diff", "apply", "apply again"):
+        assert captured[name].returncode == 0, (name, captured[name].stdout + captured[name].stderr)
+    plan = captured["plan"].stdout
+    assert f"Environment=HF_TOKEN={R}" in plan  # the unit file as it will be written
+    assert re.search(r"VLLM_API_KEY=<redacted: 20 bytes from \S+chat.key>", plan)  # the env file
+    # the diff of the unit file that would be written: every other line as it is
+    check = captured["apply --check --diff"].stdout
+    assert f"+Environment=HF_TOKEN={R}" in check and "+Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in check
+
+
+def checks_of(report: str) -> dict[str, dict]:
+    (host,) = json.loads(report)["hosts"].values()
+    return {check["check"]: check for check in host["checks"]}
+
+
+def test_the_spec_audit_compares_the_secret_environment_but_shows_it_redacted(outputs):
+    captured, files = outputs
+    assert captured["spec audit"].returncode == 0, captured["spec audit"].stdout
+    checks = checks_of(files["spec audit JSON"])
+    hf_token = checks["vllm-chat.service: Environment HF_TOKEN"]
+    assert (hf_token["expected"], hf_token["actual"], hf_token["status"]) == (R, R, "passed")
+    assert checks["vllm-chat.service: EnvironmentFile content"]["status"] == "passed"  # the key file's hash
+    assert checks["vllm-chat.service: ready (one request served)"]["status"] == "passed"  # with the key
+    assert "vllm-chat.service: Environment HF_TOKEN" in captured["spec audit"].stdout
+
+
+def test_the_profile_audit_shows_each_command_line_with_its_keys_redacted(outputs):
+    captured, files = outputs
+    assert captured["profile audit"].returncode == 1, captured["profile audit"].stdout  # drift: run as root…
+    checks = checks_of(files["profile audit JSON"])
+    assert set(checks["vLLM units"]["actual"].split(", ")) >= {"my-llm.service", "my-shell-llm.service"}
+    hand = checks["my-llm.service: ExecStart"]
+    assert hand["actual"] == f"{VLLM_BIN} serve {MODEL} --port 8001 --api-key {R} {R}"
+    assert hand["status"] == "failed"  # the profile's rule: no --api-key on a command line
+    shell = checks["my-shell-llm.service: ExecStart"]["actual"]
+    assert shell.startswith("/bin/bash -c ") and shell.endswith(f"--port 8002 --api-key={R}"), shell
+    # the probes used the keys (read on the host from the processes), and said nothing of them
+    for unit in ("my-llm.service", "my-shell-llm.service"):
+        assert checks[f"{unit}: GET /v1/models"]["actual"] == MODEL, checks[f"{unit}: GET /v1/models"]
+    junit = ElementTree.fromstring(files["profile audit JUnit"])
+    messages = [failure.get("message") for failure in junit.iter("failure")]
+    assert f"actual {hand['actual']}" in " ".join(messages)
+    assert f"--api-key {R} {R}" in captured["profile audit"].stdout
+
+
+def test_bench_measured_with_the_key_and_kept_none(outputs):
+    captured, files = outputs
+    assert captured["bench"].returncode == 0, captured["bench"].stdout + captured["bench"].stderr
+    run = json.loads(files["bench runs/c1-r1.json"])
+    assert run["completed"] == run["num_prompts"] and run["failed"] == 0  # the instance requires its key
+    assert "max-num-seqs: 4" in json.loads(files["bench runset.json"])["server_config"]
