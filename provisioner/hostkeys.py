@@ -26,8 +26,10 @@ subprocess._USE_VFORK = False
 DEFAULT_FILE_OPTIONS = ("userknownhostsfile", "globalknownhostsfile")
 FINGERPRINT_LINE = re.compile(r"^\d+ (?P<fingerprint>\S+) .* \((?P<label>[^()]+)\)$")
 FOUND_LINE = re.compile(r"^# Host .* found: line (?P<number>\d+)")
+AUTHORITY_LINE = re.compile(r"^# Host .* found: line \d+ CA$")
 
 TRUSTED, UNKNOWN, CHANGED, UNREACHABLE, UNCHECKED = "trusted", "unknown", "changed", "unreachable", "unchecked"
+BY_AUTHORITY = "certificate authority"  # a @cert-authority line covers the host: ssh checks its certificate
 
 
 class HostKeyError(RuntimeError):
@@ -159,6 +161,17 @@ def recorded(name: str, files: list[str]) -> list[RecordedKey]:
     return [RecordedKey(file, number, key) for (file, number, _), key in zip(found, keys)]
 
 
+def covered_by_authority(name: str, files: list[str]) -> bool:
+    """Whether a `@cert-authority` line of `files` covers `name`: then ssh trusts the host's certificate,
+    which ssh-keyscan does not fetch, so the check leaves the host to ssh."""
+    for file in files:
+        if Path(file).is_file():
+            result = subprocess.run(["ssh-keygen", "-F", name, "-f", file], capture_output=True, text=True, timeout=10)
+            if any(AUTHORITY_LINE.match(line) for line in result.stdout.splitlines()):
+                return True
+    return False
+
+
 # --------------------------------------------------------------------------- the check
 
 
@@ -175,6 +188,7 @@ class HostKeyCheck:
     scan_error: str = ""
     trust_command: str | None = None  # `provision trust SPEC HOST`, when there is a spec
     error: str = ""  # why the check itself could not be made (a known_hosts file ssh-keygen cannot read)
+    authority: bool = False  # a @cert-authority line covers the host
 
     @property
     def name(self) -> str:
@@ -201,6 +215,8 @@ class HostKeyCheck:
             return UNCHECKED
         if not self.presented:
             return UNREACHABLE  # ssh says why, in its own words
+        if self.authority and not self.matching:
+            return BY_AUTHORITY  # ssh's strict check of the certificate stays the gate
         if not self.recorded:
             return UNKNOWN
         return CHANGED if self.stale else TRUSTED
@@ -258,7 +274,8 @@ def check_host(host: str, address: str, port: int, known_hosts: str | None,
     except HostKeyError as error:
         return HostKeyCheck(host, address, port, files, trust_command=trust_command, error=str(error))
     return HostKeyCheck(host, address, port, files, tuple(presented), tuple(found),
-                        "" if presented else complaint, trust_command)
+                        "" if presented else complaint, trust_command,
+                        authority=covered_by_authority(known_host_name(address, port), list(files)))
 
 
 @dataclass(frozen=True)

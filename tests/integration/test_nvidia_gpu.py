@@ -153,13 +153,14 @@ def test_without_a_driver_and_out_of_range_nothing_is_set(boot, tmp_path):
     (host,) = boot(1)
     apply = Run(tmp_path, gpu_host(host, power_limit=600))
 
-    # no NVIDIA driver at all: check mode warns, a real run stops with the reason
+    # no NVIDIA driver at all: check mode stops with the reason, as the real run does (an honest dry run)
     checked = apply(check=True)
-    assert checked.succeeded, checked.problems
-    assert apply.task("Warn that there is no NVIDIA driver (check mode)").status == "ok"
+    assert not checked.succeeded
     real = apply()
     assert not real.succeeded
-    assert "No NVIDIA driver found" in real.problems[0].message and "nvidia-smi" in real.problems[0].message
+    for run in (checked, real):
+        assert "No NVIDIA driver found" in run.problems[0].message and "nvidia-smi" in run.problems[0].message
+        assert run.problems[0].label.endswith("nvidia_gpu : Stop on a host without the NVIDIA driver")
 
     # 600 W on a 150–450 W card: refused before anything is set
     standin.install(host, FIXTURE)

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from provisioner.hostkeys import (
+    BY_AUTHORITY,
     CHANGED,
     TRUSTED,
     UNKNOWN,
     HostKey,
     HostKeyCheck,
     HostKeyError,
+    covered_by_authority,
     fingerprinted,
     record_keys,
     recorded,
@@ -180,3 +182,20 @@ def test_an_empty_known_hosts_file_is_allowed_in_a_spec_an_empty_key_is_not(tmp_
 
     with pytest.raises(SpecError, match="hosts\\[0\\].ssh.key: .* is empty"):
         load_spec(write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(ssh={"key": "id"})])))
+
+
+def test_a_host_a_cert_authority_line_covers_is_left_to_ssh(tmp_path, keys):
+    """ssh trusts a host whose certificate a @cert-authority line signs; ssh-keyscan fetches no
+    certificate, so refusing the host here would refuse what ssh accepts."""
+    authority = tmp_path / "known_hosts"
+    authority.write_text(f"@cert-authority 192.0.2.* {keys['other'].type} {keys['other'].blob}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(f"@cert-authority *.example.com {keys['other'].type} {keys['other'].blob}\n")
+    assert covered_by_authority(ADDRESS, [str(authority)])
+    assert not covered_by_authority(ADDRESS, [str(elsewhere)])
+
+    check = check_of([authority], keys["host"])
+    assert check.recorded == ()  # a marked line is no recorded key
+    by_authority = HostKeyCheck(**{**check.__dict__, "authority": True})
+    assert by_authority.status == BY_AUTHORITY and not by_authority.refused
+    assert check.status == UNKNOWN and check.refused  # without the authority line: refused
