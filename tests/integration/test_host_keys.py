@@ -98,6 +98,23 @@ def task_lines(output: str, host) -> list[str]:
     return re.findall(rf"^\s*(?:ok|changed|failed|unreachable) +{host.name}\s.*$", output, re.M)
 
 
+
+def refused_by_apply_audit_and_bench(home, spec, tmp_path, host, parts: list[str]) -> None:
+    """apply --check exits 1, the audit 2 (the host "could not run"), bench 1, each showing `parts`
+    of the refusal (bench all of them; apply and the audit all but the first, the host's name line)."""
+    applied = provision(home, "apply", spec, "--check")
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    for part in parts[1:]:
+        assert part in " ".join(applied.stdout.split())
+    audited, report = audit(home, spec, tmp_path)
+    assert audited.returncode == 2 and report["hosts"][host.name]["status"] == "could not run"
+    for part in parts[1:]:
+        assert part in report["hosts"][host.name]["error"]
+    benched = bench(home, spec, tmp_path)
+    assert benched.returncode == 1
+    for part in parts:
+        assert part in " ".join(benched.stdout.split())
+
 def test_a_wrong_key_stops_that_host_and_the_other_is_applied_and_audited(hosts, home, tmp_path):
     bad, good = hosts
     impostor = tmp_path / "impostor"
@@ -147,18 +164,7 @@ def test_an_unknown_host_is_refused_until_provision_trust_records_it(hosts, home
                f"provision trust {spec} {host.name}",
                f"add this line to {known}: {host.address} ssh-ed25519 ")
 
-    applied = provision(home, "apply", spec, "--check")
-    assert applied.returncode == 1, applied.stdout + applied.stderr
-    for part in unknown[1:]:
-        assert part in " ".join(applied.stdout.split())
-    audited, report = audit(home, spec, tmp_path)
-    assert audited.returncode == 2 and report["hosts"][host.name]["status"] == "could not run"
-    for part in unknown[1:]:
-        assert part in report["hosts"][host.name]["error"]
-    benched = bench(home, spec, tmp_path)
-    assert benched.returncode == 1
-    for part in unknown:
-        assert part in " ".join(benched.stdout.split())
+    refused_by_apply_audit_and_bench(home, spec, tmp_path, host, unknown)
     profiled = provision(home, "audit", "--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                          "--known-hosts", known, "--json", tmp_path / "profile.json")
     error = json.loads((tmp_path / "profile.json").read_text())["hosts"][host.address]["error"]
@@ -228,18 +234,7 @@ def test_a_changed_key_is_refused_until_trust_replaces_it(lab, hosts, home, tmp_
                f"{known} line 1 (ED25519 {old})", "may be an attack", f"provision trust {spec} {host.name} --replace")
     before = known.read_text()
 
-    applied = provision(home, "apply", spec, "--check")
-    assert applied.returncode == 1, applied.stdout + applied.stderr
-    for part in changed[1:]:
-        assert part in " ".join(applied.stdout.split())
-    audited, report = audit(home, spec, tmp_path)
-    assert audited.returncode == 2
-    for part in changed[1:]:
-        assert part in report["hosts"][host.name]["error"]
-    benched = bench(home, spec, tmp_path)
-    assert benched.returncode == 1
-    for part in changed:
-        assert part in " ".join(benched.stdout.split())
+    refused_by_apply_audit_and_bench(home, spec, tmp_path, host, changed)
 
     refused = provision(home, "trust", spec, host.name, "--yes")
     assert refused.returncode == 1 and "HOST KEY CHANGED" in refused.stderr
