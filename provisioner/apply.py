@@ -233,9 +233,9 @@ def run_playbook(
     check: bool = False,
     diff: bool = False,
     on_result: Callable[[TaskResult], None] | None = None,
-    playbook: Path | None = None,
+    playbook: str | Path | None = None,
 ) -> ApplyResult:
-    """Run playbooks/site.yml (or `playbook`) on the inventory; call on_result per task result."""
+    """Run the collection's site playbook (or `playbook`) on the inventory; call on_result per task result."""
     playbook = playbook or paths.site_playbook()
     problems: list[TaskResult] = []
     stats: dict[str, HostStats] = {}
@@ -271,6 +271,11 @@ def run_playbook(
             cmdline=" ".join(options) or None,
             envvars={
                 "ANSIBLE_CONFIG": str(paths.ansible_cfg()),
+                # our collection first: its roles, module and playbook by their names
+                "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+                    [str(paths.collections_dir(Path(private_dir) / "collections"))]
+                    + [part for part in os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(os.pathsep) if part]
+                    + ["~/.ansible/collections", "/usr/share/ansible/collections"]),
                 "ANSIBLE_FORCE_COLOR": "0",
                 # ansible-runner turns host key checking off unless told: keep ansible.cfg's strict checking
                 "ANSIBLE_HOST_KEY_CHECKING": "True",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from provisioner.apply import TaskResult, run_playbook
 from provisioner.inventory import write_inventory
-from provisioner.paths import ROLES_DIR
+from provisioner.paths import COLLECTION
 from provisioner.spec import load_spec
 from tests.doubles import nvidia_smi_standin as standin
 from tests.integration.conftest import disk_state
@@ -29,7 +29,7 @@ PLAYBOOK = f"""
   hosts: vllm_hosts
   gather_facts: false
   roles:
-    - role: {ROLES_DIR / "nvidia_gpu"}
+    - role: {COLLECTION}.nvidia_gpu
       vars:
         nvidia_gpu_retry_seconds: 2
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.inventory import write_inventory
-from provisioner.paths import EXAMPLES_DIR, REPO_ROOT
+from provisioner.paths import CONTENT_ROOT, EXAMPLES_DIR
 from provisioner.spec import load_spec
 
 CHECKOUT_PLACEHOLDER = "/path/to/vllm-provision"
@@ -29,7 +29,7 @@ def test_the_three_seed_examples_exist():
 def generated(spec_path: Path, tmp_path: Path) -> dict[str, str]:
     write_inventory(load_spec(spec_path), tmp_path)
     return {
-        path.relative_to(tmp_path).as_posix(): path.read_text().replace(str(REPO_ROOT), CHECKOUT_PLACEHOLDER)
+        path.relative_to(tmp_path).as_posix(): path.read_text().replace(str(CONTENT_ROOT), CHECKOUT_PLACEHOLDER)
         for path in sorted(tmp_path.rglob("*.yml"))
     }
 

@@ -13,7 +13,7 @@ from provisioner.cli import facts_cmd
 from provisioner.cli.main import app
 from provisioner.gpu.facts import read_facts
 from provisioner.gpu.smi import SmiError
-from provisioner.paths import REPO_ROOT
+from provisioner.paths import CONTENT_ROOT
 
 H200X2 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200x2" / "nvml.json"
 
@@ -48,5 +48,5 @@ def test_facts_needs_no_spec_no_pydantic_no_yaml():
     """It runs on GPU hosts that have none of them (the H200 had no pydantic)."""
     code = ("import sys, provisioner.cli.facts_cmd, provisioner.gpu.checks; "
             "print(sorted(m for m in ('pydantic', 'yaml', 'jinja2', 'ansible', 'provisioner.spec') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=CONTENT_ROOT, check=True)
     assert done.stdout.strip() == "[]"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.paths import REPO_ROOT, ROLES_DIR
+from provisioner.paths import COLLECTION, collections_dir
 from tests.doubles import nvidia_smi_standin as standin
 
-FIXTURE = REPO_ROOT / "tests" / "fixtures" / "gpu" / "rtx4090x2"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "rtx4090x2"
 U0, U1 = "GPU-0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f", "GPU-f4e3d2c1-b0a9-4f8e-9d7c-6b5a4f3e2d1c"
 
 
@@ -40,8 +40,7 @@ class Machine:
             "NVIDIA_SMI_STANDIN_FIXTURE": str(fixture),
             "NVIDIA_SMI_STANDIN_STATE": str(root / "state.json"),
             "NVIDIA_SMI_STANDIN_LOG": str(self.log),
-            "ANSIBLE_LIBRARY": str(ROLES_DIR / "nvidia_gpu" / "library"),
-            "ANSIBLE_MODULE_UTILS": str(ROLES_DIR / "nvidia_gpu" / "module_utils"),
+            "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(root / "collections")),
             "ANSIBLE_REMOTE_TMP": str(root / "ansible-tmp"),
             "ANSIBLE_LOCALHOST_WARNING": "false",
             "ANSIBLE_NOCOLOR": "1",
@@ -54,7 +53,7 @@ class Machine:
         shutil.rmtree(tree, ignore_errors=True)
         done = subprocess.run(
             [str(ansible), "localhost", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
-             "-t", str(tree), "-m", "nvidia_gpu", "-a", json.dumps(args), *options],
+             "-t", str(tree), "-m", f"{COLLECTION}.nvidia_gpu", "-a", json.dumps(args), *options],
             env=self.env, capture_output=True, text=True, timeout=120,
         )
         return {**json.loads((tree / "localhost").read_text()), "failed": done.returncode != 0}

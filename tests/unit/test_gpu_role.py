@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from provisioner.inventory import host_vars
-from provisioner.paths import EXAMPLES_DIR, PLAYBOOKS_DIR, ROLES_DIR
+from provisioner.paths import COLLECTION, EXAMPLES_DIR, PLAYBOOKS_DIR, ROLES_DIR
 from provisioner.spec import load_spec
 
 ROLE = ROLES_DIR / "nvidia_gpu"
@@ -36,5 +36,5 @@ def test_every_option_has_a_literal_default():
 def test_site_runs_the_role_before_the_vllm_units_tagged_nvidia_gpu():
     (play,) = load(PLAYBOOKS_DIR / "site.yml")
     roles = [entry["role"] for entry in play["roles"]]
-    assert roles.index("nvidia_gpu") < roles.index("vllm_service")
-    assert next(entry for entry in play["roles"] if entry["role"] == "nvidia_gpu")["tags"] == ["nvidia_gpu"]
+    assert roles.index(f"{COLLECTION}.nvidia_gpu") < roles.index(f"{COLLECTION}.vllm_service")
+    assert next(entry for entry in play["roles"] if entry["role"] == f"{COLLECTION}.nvidia_gpu")["tags"] == ["nvidia_gpu"]

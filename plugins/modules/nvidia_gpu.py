@@ -133,14 +133,14 @@ no_driver:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu_facts import (
+from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.nvidia_gpu_facts import (
     LiveNvml,
     NvmlUnavailable,
     SmiError,
     read_nvml_facts,
     read_smi_facts,
 )
-from ansible.module_utils.nvidia_gpu_settings import (
+from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.nvidia_gpu_settings import (
     POWER_TOLERANCE_W,
     describe_change,
     nvidia_smi_arguments,
