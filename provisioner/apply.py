@@ -10,14 +10,18 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 
 from provisioner import paths
+from provisioner.selection import select_hosts
+from provisioner.ansible_config import ansible_environment, collections_paths
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import write_inventory
 from provisioner.spec import Spec
@@ -75,6 +79,97 @@ class ApplyResult:
     @property
     def changed(self) -> int:
         return sum(s.changed for s in self.stats.values())
+
+
+# --------------------------------------------------------------------------- what the user passes to Ansible
+
+BECOME_PROMPT = r"^[A-Z]+ password[^:\n]*:\s*$"  # ansible-playbook --ask-become-pass: "BECOME password: "
+# extra vars that would undo how ssh checks the host's key (provisioner/hostkeys.py): refused
+TRUST_VARS = ("ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_ssh_args",
+              "ansible_ssh_common_args")
+
+
+class ControlError(ValueError):
+    """An option for ansible-playbook that cannot be used (an unknown tag, a bad -e): nothing was run."""
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What `provision apply` passes on to ansible-playbook, besides --check/--diff and the hosts."""
+
+    tags: tuple[str, ...] = ()
+    skip_tags: tuple[str, ...] = ()
+    extra_vars: tuple[str, ...] = ()  # each VAR=VALUE (several, space-separated), YAML/JSON, or @FILE
+    verbosity: int = 0
+    forks: int | None = None
+    become_password: str | None = field(default=None, repr=False)  # sent to Ansible's prompt, never written
+
+    def options(self) -> list[str]:
+        """ansible-playbook's options for these controls (the become password is not one of them)."""
+        options = [f"--tags={','.join(self.tags)}"] if self.tags else []
+        options += [f"--skip-tags={','.join(self.skip_tags)}"] if self.skip_tags else []
+        for extra in self.extra_vars:
+            options += ["--extra-vars", extra]
+        options += ["-" + "v" * min(self.verbosity, 6)] if self.verbosity else []
+        options += [f"--forks={self.forks}"] if self.forks is not None else []
+        options += ["--ask-become-pass"] if self.become_password is not None else []
+        return options
+
+
+def site_tags() -> list[str]:
+    """The tags of the site playbook's roles (playbooks/site.yml), in play order."""
+    plays = yaml.safe_load((paths.PLAYBOOKS_DIR / "site.yml").read_text(encoding="utf-8")) or []
+    tags: list[str] = []
+    for play in plays:
+        for role in play.get("roles") or []:
+            for tag in (role.get("tags") or []) if isinstance(role, dict) else []:
+                if tag not in tags:
+                    tags.append(tag)
+    return tags
+
+
+def split_tags(values: Sequence[str]) -> tuple[str, ...]:
+    """`--tags a,b --tags c` -> ("a", "b", "c")."""
+    return tuple(dict.fromkeys(tag.strip() for value in values for tag in value.split(",") if tag.strip()))
+
+
+def extra_vars_data(extra: str) -> dict:
+    """What one -e value sets, read as ansible-playbook reads it (ansible's own parsers)."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.parsing.splitter import parse_kv
+
+    try:
+        if extra.startswith("@"):
+            data = DataLoader().load_from_file(os.path.expanduser(extra[1:]))
+        elif extra.lstrip().startswith(("{", "[")):
+            data = DataLoader().load(extra)
+        else:
+            data = parse_kv(extra)
+    except AnsibleError as error:
+        raise ControlError(f"-e {extra}: {str(error.message).splitlines()[0]} — write VAR=VALUE, or @FILE "
+                           "with a YAML or JSON mapping") from None
+    if not isinstance(data, dict) or not data or "_raw_params" in data:
+        raise ControlError(f"-e {extra}: sets no variable — write VAR=VALUE, or @FILE with a YAML or JSON mapping")
+    return data
+
+
+def check_controls(controls: Controls) -> None:
+    """Raise ControlError for anything ansible-playbook would refuse or that would weaken host key
+    checking, before any host is touched."""
+    known = site_tags()
+    for option, tags in (("--tags", controls.tags), ("--skip-tags", controls.skip_tags)):
+        unknown = [tag for tag in tags if tag not in known]
+        if unknown:
+            raise ControlError(f"{option}: no role tagged {', '.join(map(repr, unknown))} — the tags are: "
+                               f"{', '.join(known)}")
+    for extra in controls.extra_vars:
+        refused = sorted(set(extra_vars_data(extra)) & set(TRUST_VARS))
+        if refused:
+            raise ControlError(f"-e {extra}: {', '.join(refused)} would change how ssh checks host keys — "
+                               "vllm-provision checks them against the spec's known_hosts; leave it out")
+    if controls.forks is not None and controls.forks < 1:
+        raise ControlError(f"--forks {controls.forks}: give 1 or more")
 
 
 def _message(result: dict) -> str:
@@ -234,8 +329,17 @@ def run_playbook(
     diff: bool = False,
     on_result: Callable[[TaskResult], None] | None = None,
     playbook: str | Path | None = None,
+    controls: Controls = Controls(),
+    on_output: Callable[[str], None] | None = None,
 ) -> ApplyResult:
-    """Run the collection's site playbook (or `playbook`) on the inventory; call on_result per task result."""
+    """Run the collection's site playbook (or `playbook`) on the inventory; call on_result per task
+    result and, with controls.verbosity, on_output with Ansible's own output lines.
+
+    Ansible reads the user's own configuration (run from the current folder, as ansible-playbook is);
+    provisioner.ansible_config says which of our settings win. Raises ControlError / AnsibleConfigError
+    before anything runs."""
+    check_controls(controls)
+    environment = ansible_environment()
     playbook = playbook or paths.site_playbook()
     problems: list[TaskResult] = []
     stats: dict[str, HostStats] = {}
@@ -245,6 +349,8 @@ def run_playbook(
         nonlocal stats
         if event.get("event") == "playbook_on_stats":
             stats = _stats(event)
+        if on_output is not None and controls.verbosity and event.get("stdout"):
+            on_output(ANSI_ESCAPE.sub("", str(event["stdout"])))
         result = reader.read(event)
         if result is not None:
             if result.status in ("failed", "unreachable") and not result.ignored:
@@ -258,6 +364,7 @@ def run_playbook(
         options.append("--check")
     if diff:
         options.append("--diff")
+    options += controls.options()
     # ansible-runner starts ansible-playbook from PATH: the one installed beside this Python
     venv_bin = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="provision-run-") as private_dir:
@@ -265,22 +372,22 @@ def run_playbook(
 
         runner = ansible_runner.run(
             private_data_dir=private_dir,
+            # ansible-playbook runs in the current folder, as when typed there: it finds ./ansible.cfg
+            project_dir=os.getcwd(),
             playbook=str(playbook),
             inventory=str(Path(inventory_dir).resolve()),
             limit=limit,
-            cmdline=" ".join(options) or None,
+            cmdline=shlex.join(options) or None,
             envvars={
-                "ANSIBLE_CONFIG": str(paths.ansible_cfg()),
+                **environment,
                 # our collection first: its roles, module and playbook by their names
                 "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
-                    [str(paths.collections_dir(Path(private_dir) / "collections"))]
-                    + [part for part in os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(os.pathsep) if part]
-                    + ["~/.ansible/collections", "/usr/share/ansible/collections"]),
+                    [str(paths.collections_dir(Path(private_dir) / "collections")), *collections_paths()]),
                 "ANSIBLE_FORCE_COLOR": "0",
-                # ansible-runner turns host key checking off unless told: keep ansible.cfg's strict checking
-                "ANSIBLE_HOST_KEY_CHECKING": "True",
                 "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             },
+            # answered on Ansible's prompt through the pty; ansible-runner keeps it in memory only
+            passwords={BECOME_PROMPT: controls.become_password} if controls.become_password is not None else None,
             event_handler=handle,
             quiet=True,
             suppress_env_files=True,
@@ -293,33 +400,41 @@ def run_playbook(
 def apply_spec(
     spec: Spec,
     *,
-    limit: str | None = None,
+    hosts: Sequence[str] = (),
     check: bool = False,
     diff: bool = False,
+    controls: Controls = Controls(),
     on_result: Callable[[TaskResult], None] | None = None,
+    on_output: Callable[[str], None] | None = None,
 ) -> ApplyResult:
-    """Generate the spec's inventory into a private folder and run the playbook on it.
+    """Generate the spec's inventory into a private folder and run the playbook on `hosts` (host or
+    group names, `all`; none: every host of the spec).
 
-    First every host's key is checked (all at once): a host whose key is unknown or changed is not
-    run on; it is reported unreachable, with the fingerprints and the fix, and the others go on."""
-    hosts = [host for host in spec.hosts if limit in (None, host.name)]
+    First the names and the controls are checked (SelectionError, ControlError, AnsibleConfigError:
+    nothing touched); then every chosen host's key (all at once): a host whose key is unknown or
+    changed is not run on; it is reported unreachable, with the fingerprints and the fix, and the
+    others go on."""
+    chosen = select_hosts(spec, hosts)
+    check_controls(controls)
+    ansible_environment()  # the user's configuration is usable, before any host is contacted
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
-                                   trust_command(spec.source_path, host.name)) for host in hosts])
+                                   trust_command(spec.source_path, host.name)) for host in chosen])
     refusals = [TaskResult(name, "", f"connect to {check.address}:{check.port}", "unreachable", check.reason())
                 for name, check in checks.items() if check.refused]
     for refusal in refusals:
         if on_result is not None:
             on_result(refusal)
-    allowed = [host.name for host in hosts if not checks[host.name].refused]
+    allowed = [host.name for host in chosen if not checks[host.name].refused]
     if not allowed:
         result = ApplyResult(rc=1)
     else:
         with tempfile.TemporaryDirectory(prefix="provision-inventory-") as inventory_dir:
             write_inventory(spec, Path(inventory_dir))
-            result = run_playbook(Path(inventory_dir), limit=limit if not refusals else ",".join(allowed),
-                                  check=check, diff=diff, on_result=on_result)
+            limit = None if len(allowed) == len(spec.hosts) else ",".join(allowed)
+            result = run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, controls=controls,
+                                  on_result=on_result, on_output=on_output)
     refused_stats = {refusal.host: HostStats(unreachable=1) for refusal in refusals}
     result.stats = {host.name: refused_stats.get(host.name) or result.stats[host.name]
-                    for host in hosts if host.name in refused_stats or host.name in result.stats}
+                    for host in chosen if host.name in refused_stats or host.name in result.stats}
     result.problems[:0] = refusals
     return result

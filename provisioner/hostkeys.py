@@ -186,7 +186,7 @@ class HostKeyCheck:
     presented: tuple[HostKey, ...] = ()
     recorded: tuple[RecordedKey, ...] = ()
     scan_error: str = ""
-    trust_command: str | None = None  # `provision trust SPEC HOST`, when there is a spec
+    trust_command: str | None = None  # `provision trust HOST --spec SPEC`, when there is a spec
     error: str = ""  # why the check itself could not be made (a known_hosts file ssh-keygen cannot read)
     authority: bool = False  # a @cert-authority line covers the host
 
@@ -299,7 +299,7 @@ def check_hosts(endpoints: list[Endpoint]) -> dict[str, HostKeyCheck]:
 
 
 def trust_command(spec_path: str | Path | None, host: str) -> str | None:
-    return f"provision trust {shlex.quote(str(spec_path))} {host}" if spec_path else None
+    return f"provision trust {host} --spec {shlex.quote(str(spec_path))}" if spec_path else None
 
 
 def explain_refusal(ssh_stderr: str, endpoint: Endpoint) -> str | None:

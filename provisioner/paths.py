@@ -67,8 +67,3 @@ def collections_dir(parent: Path) -> Path:
     if not link.is_symlink():
         os.symlink(_existing(CONTENT_ROOT / "galaxy.yml", "the collection").parent, link)
     return Path(parent)
-
-
-def ansible_cfg() -> Path:
-    """Our ansible.cfg (ssh and output settings), shipped with the content."""
-    return _existing(CONTENT_ROOT / "ansible.cfg", "ansible.cfg")

@@ -76,6 +76,8 @@ VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]+)?$")
 IMAGE_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # Ansible's rule for group names (a Python identifier)
+RESERVED_GROUPS = ("all", "ungrouped", "vllm_hosts")  # Ansible's own two and the group the playbook targets
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -115,6 +117,11 @@ _check_image = _matching(
 )
 _check_container_shm = _matching(
     SIZE_RE, "size", "is not a size — write a number with a K, M, G or T suffix (e.g. 8G)"
+)
+_check_group = _matching(
+    GROUP_RE, "group",
+    "is not a valid Ansible group name — use letters, digits and underscores, not starting with a digit "
+    "(e.g. rack_a, h200)",
 )
 _check_tag = _matching(TAG_RE, "tag", "is not an image tag — letters, digits, '_.-' (e.g. v0.25.0)")
 _check_digest = _matching(
@@ -176,20 +183,27 @@ def _resolve_path(value: str, info: ValidationInfo) -> str:
     return os.path.normpath(base_dir.absolute() / Path(value).expanduser())
 
 
-Name = Annotated[str, AfterValidator(_check_name)]
+def _schema_pattern(pattern: re.Pattern) -> Any:
+    """The regex a validator checks, shown in the JSON Schema (editors check it too); validation stays the
+    validator's, with its message."""
+    return Field(json_schema_extra={"pattern": pattern.pattern})
+
+
+Name = Annotated[str, AfterValidator(_check_name), _schema_pattern(NAME_RE)]
 Address = Annotated[str, AfterValidator(_check_address)]
-GpuUuid = Annotated[str, AfterValidator(_check_gpu_uuid)]
+GroupName = Annotated[str, AfterValidator(_check_group), _schema_pattern(GROUP_RE)]
+GpuUuid = Annotated[str, AfterValidator(_check_gpu_uuid), _schema_pattern(GPU_UUID_RE)]
 GpuRef = Annotated[int | str, BeforeValidator(_check_gpu_ref)]
 PowerLimit = Annotated[int | Literal["max", "default"], BeforeValidator(_check_power_limit)]
-Size = Annotated[str, AfterValidator(_check_size)]
+Size = Annotated[str, AfterValidator(_check_size), _schema_pattern(SIZE_RE)]
 SysctlValue = Annotated[int | str, BeforeValidator(_check_scalar)]
 SpecPath = Annotated[str, AfterValidator(_resolve_path)]
 AbsolutePath = Annotated[str, AfterValidator(_check_absolute)]
-Version = Annotated[str, AfterValidator(_check_version)]
-Image = Annotated[str, AfterValidator(_check_image)]
-Tag = Annotated[str, AfterValidator(_check_tag)]
-ContainerShmSize = Annotated[str, AfterValidator(_check_container_shm)]
-Digest = Annotated[str, AfterValidator(_check_digest)]
+Version = Annotated[str, AfterValidator(_check_version), _schema_pattern(VERSION_RE)]
+Image = Annotated[str, AfterValidator(_check_image), _schema_pattern(IMAGE_RE)]
+Tag = Annotated[str, AfterValidator(_check_tag), _schema_pattern(TAG_RE)]
+ContainerShmSize = Annotated[str, AfterValidator(_check_container_shm), _schema_pattern(SIZE_RE)]
+Digest = Annotated[str, AfterValidator(_check_digest), _schema_pattern(DIGEST_RE)]
 
 
 class _Model(BaseModel):
@@ -265,12 +279,16 @@ class VllmSettings(_Model):
 class Host(_Model):
     """A GPU server."""
 
-    name: Name = Field(description="inventory name: lowercase letters, digits, dashes")
+    name: Name = Field(description="inventory name: lowercase letters, digits, dashes; unique; at most 63 "
+                       "characters (a DNS label)")
     address: Address = Field(description="IP address or DNS name ssh connects to")
-    ssh: Ssh = Field(default_factory=Ssh)
-    settings: HostSettings = Field(default_factory=HostSettings)
-    gpus: GpuSettings = Field(default_factory=GpuSettings)
-    vllm: VllmSettings = Field(default_factory=VllmSettings)
+    ssh: Ssh = Field(default_factory=Ssh, description="how Ansible, the audit and bench reach the host over ssh")
+    settings: HostSettings = Field(default_factory=HostSettings, description="kernel and OS settings")
+    gpus: GpuSettings = Field(default_factory=GpuSettings, description="the host's GPUs and the rules for sharing them")
+    vllm: VllmSettings = Field(default_factory=VllmSettings, description="the vLLM installation the host's venv instances run")
+    groups: list[GroupName] = Field(
+        default_factory=list, description="inventory groups the host belongs to (besides vllm_hosts), e.g. [rack_a]; "
+        "HOST arguments of plan/apply/audit accept them")
 
     def device(self, index: int) -> GpuDevice | None:
         return next((device for device in self.gpus.devices if device.index == index), None)
@@ -306,12 +324,14 @@ class Container(_Model):
 class Instance(_Model):
     """One `vllm serve` process, run as the systemd unit vllm-<name>.service, or in a container."""
 
-    name: Name = Field(description="unique across the spec; names the unit and the env file")
-    host: str = Field(description="name of the host it runs on")
-    model: str = Field(description="model to serve (Hugging Face id or local path)")
-    port: int = Field(8000, ge=1, le=65535, description="--port")
+    name: Name = Field(description="unique across the spec; names the unit vllm-<name> and the env file; at most "
+                       "58 characters (vllm-<name> is a DNS label)")
+    host: str = Field(description="name of the host it runs on (a hosts[].name)")
+    model: str = Field(description="model to serve (Hugging Face id or local path); not blank")
+    port: int = Field(8000, ge=1, le=65535, description="--port; unique per host")
     bind: Address = Field("127.0.0.1", description="--host: address to listen on")
-    gpus: list[GpuRef] = Field(min_length=1, description="GPUs: indexes into the host's gpus.devices, or UUIDs")
+    gpus: list[GpuRef] = Field(min_length=1, description="GPUs: indexes into the host's gpus.devices, or UUIDs; "
+                                "as many as tensor- × pipeline- × prefill-context-parallel × data-parallel size")
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="--gpu-memory-utilization: this instance's share of each of its GPUs"
     )
@@ -343,9 +363,9 @@ class Instance(_Model):
 class Spec(_Model):
     """The whole spec file."""
 
-    version: Literal[1] = Field(description="spec format version")
-    hosts: list[Host] = Field(min_length=1)
-    instances: list[Instance] = Field(default_factory=list)
+    version: Literal[1] = Field(description="spec format version: 1")
+    hosts: list[Host] = Field(min_length=1, description="the GPU servers, at least one")
+    instances: list[Instance] = Field(default_factory=list, description="the vLLM servers to run on them")
 
     _source_path: Path | None = PrivateAttr(default=None)
 
@@ -701,6 +721,7 @@ def _present(items: list[_M | None]) -> Iterator[tuple[int, _M]]:
 def consistency_problems(parts: _SpecParts, check_files: bool = True) -> list[Problem]:
     problems: list[Problem] = []
     problems += _duplicate_hosts(parts.hosts)
+    problems += _group_problems(parts)
     problems += _duplicate_gpu_uuids(parts.hosts)
     for index, host in _present(parts.hosts):
         problems += _host_problems(index, host)
@@ -752,6 +773,26 @@ def _duplicate_hosts(hosts: list[Host | None]) -> list[Problem]:
         )
         for index, host, first, other in _first_seen([(i, (h.address, h.ssh.port), h) for i, h in present])
     ]
+    return problems
+
+
+def _group_problems(parts: _SpecParts) -> list[Problem]:
+    """A group may not be named like a host or a group Ansible or our playbook owns, nor listed twice."""
+    host_names = set(parts.host_names or [])
+    problems = []
+    for index, host in _present(parts.hosts):
+        seen: set[str] = set()
+        for group_index, group in enumerate(host.groups):
+            where = f"hosts[{index}].groups[{group_index}]"
+            if group in RESERVED_GROUPS:
+                problems.append(Problem(where, f"'{group}' is a group every host is in already (all, ungrouped and "
+                                               "vllm_hosts are taken) — choose another name"))
+            elif group in host_names:
+                problems.append(Problem(where, f"'{group}' is the name of a host — a group needs a name of its own "
+                                               "(HOST arguments take both)"))
+            elif group in seen:
+                problems.append(Problem(where, f"'{group}' is listed twice — list each group once"))
+            seen.add(group)
     return problems
 
 

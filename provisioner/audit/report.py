@@ -51,6 +51,10 @@ def host_table(report: HostReport, every_check: bool = False) -> Table | Text:
 
 
 def write_junit(reports: dict[str, HostReport], path: Path) -> None:
+    Path(path).write_text(junit_text(reports), encoding="utf-8")
+
+
+def junit_text(reports: dict[str, HostReport]) -> str:
     """One <testsuite> per host, one <testcase> per check; a host that could not run: one errored case."""
     suites = ElementTree.Element("testsuites", name="provision audit")
     for report in map(redacted, reports.values()):
@@ -71,12 +75,16 @@ def write_junit(reports: dict[str, HostReport], path: Path) -> None:
         for kind, attribute in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
             suite.set(attribute, str(sum(case.find(kind) is not None for case in cases)))
     ElementTree.indent(suites)
-    ElementTree.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+    return "<?xml version='1.0' encoding='utf-8'?>\n" + ElementTree.tostring(suites, encoding="unicode") + "\n"
 
 
 def write_json(reports: dict[str, HostReport], path: Path) -> None:
+    Path(path).write_text(json_text(reports), encoding="utf-8")
+
+
+def json_text(reports: dict[str, HostReport]) -> str:
     data = {
         "exit_code": exit_code(reports),
         "hosts": {name: {**asdict(redacted(report)), "status": report.status} for name, report in reports.items()},
     }
-    Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return json.dumps(data, indent=2) + "\n"

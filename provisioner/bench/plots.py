@@ -7,6 +7,8 @@ from pathlib import Path
 
 from provisioner.bench.results import RunSet
 
+PLOT_EXTRA = "pipx inject vllm-provision matplotlib, or pip install 'vllm-provision[plot]'"
+
 PANELS = (  # (title, [(summary key, line style, legend suffix)], y label)
     ("time per output token", [("p50_tpot_ms", "-", "TPOT p50"), ("p99_tpot_ms", "--", "TPOT p99"),
                                ("p99_itl_ms", ":", "ITL p99")], "ms"),
@@ -15,9 +17,16 @@ PANELS = (  # (title, [(summary key, line style, legend suffix)], y label)
 )
 
 
+class PlotsUnavailable(RuntimeError):
+    """matplotlib, the extra `plot`, is not installed: the tables print, the plots are not drawn."""
+
+
 def plot_run_sets(run_sets: list[RunSet], path: Path, title: str = "", floor_ms: float | None = None) -> Path:
     """Write one PNG with a panel per metric family; one colour per run set."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotsUnavailable(f"no plot drawn: matplotlib is not installed — for plots: {PLOT_EXTRA}") from None
 
     matplotlib.use("Agg")
     from matplotlib import pyplot

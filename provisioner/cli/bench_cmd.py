@@ -6,30 +6,30 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from provisioner.bench.compare import compare
 from provisioner.bench.loads import Load, get_load
-from provisioner.bench.plots import plot_run_sets
+from provisioner.bench.plots import PlotsUnavailable, plot_run_sets
 from provisioner.bench.results import ResultError, RunSet, find_run_set
 from provisioner.bench.session import BenchError, run_bench, run_set_name, tpot_floor
 from provisioner.bench.sweep import Sweep, parse_sweep, run_sweep
 from provisioner.bench.target import BenchTarget, bench_target
-from provisioner.cli.common import load_spec_or_exit
+from provisioner.cli.common import SpecOption, load_found_spec
+from provisioner.cli.console import make_console
 from provisioner.remote import RemoteError
 from provisioner.secrets import redact
 from provisioner.spec import SpecError
 
-console = Console(highlight=False, soft_wrap=True)
+console = make_console()
 DEFAULT_RESULTS = Path("bench-results")
 
 
 def bench(
-    spec: Annotated[Path | None, typer.Argument(help="The spec file (YAML).")] = None,
     instance: Annotated[str | None, typer.Argument(help="The instance to load (a name from the spec).")] = None,
+    spec: SpecOption = None,
     load: Annotated[str, typer.Option("--load", help="Load profile: chat, single, long-prompt, batch or smoke (provisioner/bench/loads.yml).")] = "chat",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency; the median is kept.")] = 3,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Store the run set under this name.")] = None,
@@ -46,13 +46,13 @@ def bench(
     if compare_sets:
         _compare(compare_sets, results)
         return
-    if spec is None or instance is None:
-        console.print("give SPEC and INSTANCE to run a bench, or --compare A B to compare stored run sets")
+    if instance is None:
+        console.print("give INSTANCE to run a bench, or --compare A B to compare stored run sets")
         raise typer.Exit(2)
     try:
         profile = get_load(load)
         parsed_sweep = parse_sweep(sweep) if sweep else None
-        loaded = load_spec_or_exit(spec)
+        loaded = load_found_spec(spec)
         target = bench_target(loaded, instance, vllm)
     except ValueError as error:
         console.print(f"[bold red]error:[/] {escape(redact(str(error)))}")
@@ -130,7 +130,11 @@ def _compare(names: tuple[str, str], results: Path) -> None:
 def _plot(run_sets: list[RunSet], path: Path) -> None:
     floors = [run_set.meta.get("floor", {}).get("tpot_floor_ms") for run_set in run_sets]
     floor_ms = next((value for value in floors if value), None)
-    plot_run_sets(run_sets, path, title=" vs ".join(run_set.name for run_set in run_sets), floor_ms=floor_ms)
+    try:
+        plot_run_sets(run_sets, path, title=" vs ".join(run_set.name for run_set in run_sets), floor_ms=floor_ms)
+    except PlotsUnavailable as missing:  # the extra `plot` is not installed: the tables above are the result
+        console.print(escape(str(missing)))
+        return
     console.print(f"plot: {path}")
 
 

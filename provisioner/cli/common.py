@@ -9,10 +9,39 @@ from typing import Annotated
 
 import typer
 
-from provisioner.spec import Spec, SpecError, load_spec
+from provisioner.selection import SelectionError, find_spec, select_hosts
+from provisioner.spec import Host, Spec, SpecError, load_spec
 
-SpecArgument = Annotated[Path, typer.Argument(help="The spec file (YAML).")]
-LimitOption = Annotated[str | None, typer.Option("--limit", help="Only this host (a host name of the spec).")]
+SpecOption = Annotated[Path | None, typer.Option(
+    "--spec", "-s", metavar="FILE", show_default=False,
+    help="The spec file (YAML). Default: $PROVISION_SPEC, else ./provision.yml.")]
+HostsArgument = Annotated[list[str] | None, typer.Argument(
+    metavar="HOST|GROUP", show_default=False,
+    help="Host or group names of the spec, or all. Default: every host.")]
+USAGE_ERROR = 2
+
+
+def find_spec_or_exit(option: Path | None) -> Path:
+    """The spec a command reads (provisioner.selection.find_spec); none: one line and exit 2."""
+    try:
+        return find_spec(option)
+    except SelectionError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(USAGE_ERROR) from None
+
+
+def load_found_spec(option: Path | None) -> Spec:
+    """Find the spec (--spec, $PROVISION_SPEC, ./provision.yml) and load it, or exit (2: none, 1: invalid)."""
+    return load_spec_or_exit(find_spec_or_exit(option))
+
+
+def select_or_exit(spec: Spec, names: list[str] | None) -> list[Host]:
+    """The hosts HOST arguments stand for (provisioner.selection.select_hosts); an unknown name: exit 2."""
+    try:
+        return select_hosts(spec, names or [])
+    except SelectionError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(USAGE_ERROR) from None
 
 
 def load_spec_or_exit(path: str | Path) -> Spec:
@@ -25,14 +54,6 @@ def load_spec_or_exit(path: str | Path) -> Spec:
         for problem in error.problems:
             typer.echo(str(problem), err=True)
         raise typer.Exit(1) from None
-
-
-def check_limit(spec: Spec, limit: str | None, spec_path: str | Path) -> None:
-    """Exit 2 when `--limit` names no host of the spec."""
-    host_names = [host.name for host in spec.hosts]
-    if limit is not None and limit not in host_names:
-        typer.echo(f"--limit: no host named {limit!r} in {spec_path}; hosts: {', '.join(host_names)}", err=True)
-        raise typer.Exit(2)
 
 
 @contextmanager

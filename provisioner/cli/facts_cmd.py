@@ -15,9 +15,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from provisioner.cli.console import make_console
 from provisioner.gpu.facts import Gpu, GpuFacts, read_facts
-from provisioner.gpu.nvml import NvmlUnavailable
+from provisioner.gpu.nvml import NvmlCallError, NvmlUnavailable
 from provisioner.gpu.smi import SmiError
+
+NO_DRIVER_FIX = "install the NVIDIA driver and load it (`nvidia-smi -L` lists the GPUs once it is)"
+RECORDING_FIX = "give an nvml.json as the repository's tests/fixtures/gpu/record_nvml.py records one"
+# what a recording that is not one raises while it is read
+BAD_RECORDING = (ValueError, LookupError, TypeError, AttributeError, NvmlCallError)
 from provisioner.gpu.topology import describe_link
 
 # (row title, how to show it) for the table of GPUs
@@ -45,20 +51,36 @@ ROWS: list[tuple[str, Callable[[Gpu], object]]] = [
 def facts(
     json_output: Annotated[bool, typer.Option("--json", help="Print the facts as JSON.")] = False,
     recording: Annotated[Path | None, typer.Option(
-        "--from-recording", help="Read a recorded nvml.json (tests/fixtures/gpu) instead of this machine.",
-        exists=True, dir_okay=False)] = None,
+        "--from-recording", help="Read a recorded nvml.json (tests/fixtures/gpu) instead of this machine.")] = None,
     nvidia_smi: Annotated[str, typer.Option(help="nvidia-smi to read with when NVML is not usable.")] = "nvidia-smi",
 ) -> None:
     """Show this machine's NVIDIA GPUs: power limits, persistence mode, PCIe links, clocks, throttle reasons, P2P."""
     try:
         gpu_facts = read_facts(recording=recording, nvidia_smi=nvidia_smi)
     except (NvmlUnavailable, SmiError) as error:
-        typer.echo(f"cannot read the GPUs: {error} — is the NVIDIA driver installed and loaded?", err=True)
-        raise typer.Exit(1) from None
+        fail(f"cannot read the GPUs: {error}", NO_DRIVER_FIX, json_output)
+    except OSError as error:
+        if recording is None:
+            raise
+        fail(f"{recording}: cannot read it ({error.strerror or error})", RECORDING_FIX, json_output)
+    except BAD_RECORDING as error:
+        if recording is None:
+            raise
+        fail(f"{recording}: not a recording of NVML's answers ({type(error).__name__}: {error})", RECORDING_FIX,
+             json_output)
     if json_output:
         typer.echo(json.dumps(gpu_facts.as_data(), indent=2))
     else:
-        show(gpu_facts, Console())
+        show(gpu_facts, make_console())
+
+
+def fail(error: str, fix: str, json_output: bool) -> None:
+    """Exit 1 saying why and what to do: with --json as {"error", "fix"} on stdout (nothing else), else on stderr."""
+    if json_output:
+        typer.echo(json.dumps({"error": error, "fix": fix}, indent=2))
+    else:
+        typer.echo(f"{error} — {fix}", err=True)
+    raise typer.Exit(1)
 
 
 def show(gpu_facts: GpuFacts, console: Console) -> None:

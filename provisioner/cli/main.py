@@ -2,18 +2,58 @@
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+from importlib import metadata
+from typing import Annotated
+
 import typer
 
-from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, spec_cmds, trust_cmd, wheelhouse_cmd
+from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, schema_cmd, spec_cmds, trust_cmd, wheelhouse_cmd
+
+DISTRIBUTION = "vllm-provision"
+# the pins --version shows, as the installed distribution's metadata states them (pyproject.toml)
+SHOWN_PINS = {"ansible-core": "ansible-core", "vllm": "vLLM"}
 
 app = typer.Typer(
     name="provision",
     help="Turn a bare NVIDIA GPU server into a tuned, audited vLLM inference host.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
 )
 
+
+def version_text() -> str:
+    """'vllm-provision 0.1.0 (ansible-core 2.19.14, vLLM 0.25.0)', from the installed distribution's metadata."""
+    try:
+        version, requirements = metadata.version(DISTRIBUTION), metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        return f"{DISTRIBUTION} (not installed: `pip install .` in the checkout, or install the wheel)"
+    pins = {}
+    for requirement in requirements:
+        pinned = re.match(r"^([A-Za-z0-9._-]+)\s*==\s*([^;\s]+)", requirement)
+        if pinned and pinned[1].lower() in SHOWN_PINS:
+            pins.setdefault(SHOWN_PINS[pinned[1].lower()], pinned[2])
+    shown = ", ".join(f"{name} {pin}" for name, pin in pins.items())
+    return f"{DISTRIBUTION} {version}" + (f" ({shown})" if shown else "")
+
+
+def show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=show_version, is_eager=True, help="Show the version (and the pinned ansible-core and vLLM) and exit.")] = False,
+) -> None:
+    """Turn a bare NVIDIA GPU server into a tuned, audited vLLM inference host."""
+
 app.command("init")(spec_cmds.init)
+app.command("schema")(schema_cmd.schema)
 app.command("inventory")(spec_cmds.inventory)
 app.command("plan")(spec_cmds.plan)
 app.command("apply")(apply_cmd.apply)
@@ -24,5 +64,24 @@ app.command("bench")(bench_cmd.bench)
 app.command("trust")(trust_cmd.trust)
 
 
+def run() -> None:
+    """The `provision` script: the app, with no traceback ever reaching the user. A broken installation
+    says so in one line; any other unexpected error is named as a bug, its traceback only on request."""
+    from provisioner.paths import ContentMissing
+    from provisioner.secrets import redact
+
+    try:
+        app()
+    except ContentMissing as error:
+        typer.echo(f"provision: {error}", err=True)
+        sys.exit(1)
+    except Exception as error:  # noqa: BLE001 — the last line of defence, see the docstring
+        if os.environ.get("PROVISION_DEBUG"):
+            raise
+        typer.echo(f"provision: internal error: {type(error).__name__}: {redact(str(error))} — this is a bug; "
+                   "rerun with PROVISION_DEBUG=1 for the traceback and report it", err=True)
+        sys.exit(70)  # EX_SOFTWARE
+
+
 if __name__ == "__main__":
-    app()
+    run()

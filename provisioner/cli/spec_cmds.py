@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -11,39 +14,62 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.cli.common import LimitOption, SpecArgument, check_limit, exit_on_write_error, load_spec_or_exit
-from provisioner.files import write_file
+from provisioner.cli.console import make_console
+from provisioner.cli.common import (
+    HostsArgument,
+    SpecOption,
+    exit_on_write_error,
+    find_spec_or_exit,
+    load_found_spec,
+    load_spec_or_exit,
+    select_or_exit,
+)
+from provisioner.files import write_folder
 from provisioner.inventory import write_inventory
-from provisioner.paths import SPEC_EXAMPLE
 from provisioner.plan import HostPlan, PlannedFile, build_plan
-from provisioner.secrets import redact, redact_environment
+from provisioner.secrets import redact, redact_data, redact_environment
+from provisioner.selection import DEFAULT_SPEC
+from provisioner.spec_docs import SCHEMA_FILE_NAME, example_with_modeline, schema_text
 from provisioner.vllm.memory import TABLE_COLUMNS
 
 
 def _console() -> Console:
     # created per call, so it writes to whatever stdout is current (tests capture it)
-    return Console(highlight=False, soft_wrap=True)
+    return make_console()
 
 
 def init(
-    path: Annotated[Path, typer.Argument(help="Where to write the example spec.")] = Path("spec.yml"),
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    path: Annotated[Path, typer.Argument(help="Where to write the example spec.")] = DEFAULT_SPEC,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing spec file.")] = False,
 ) -> None:
-    """Write a commented example spec to start from."""
+    """Write a commented example spec to start from, and its JSON Schema beside it, for editors.
+
+    The spec's first line (a yaml-language-server modeline) points editors to provision.schema.json."""
+    if path.is_dir():
+        typer.echo(f"{path} is a folder — name the spec file to write, e.g. {path / DEFAULT_SPEC}", err=True)
+        raise typer.Exit(1)
+    if path.name == SCHEMA_FILE_NAME:
+        typer.echo(f"{path}: init writes the spec's JSON Schema under that name — choose another name for the "
+                   f"spec, e.g. {path.with_name(DEFAULT_SPEC.name)}", err=True)
+        raise typer.Exit(1)
     if path.exists() and not force:
         typer.echo(f"{path} already exists; pass --force to overwrite it", err=True)
         raise typer.Exit(1)
+    schema_path = path.with_name(SCHEMA_FILE_NAME)
     with exit_on_write_error(path):
-        write_file(path, SPEC_EXAMPLE.read_bytes())
-    typer.echo(f"wrote {path}: edit it, then run `provision plan {path}`")
+        write_folder(path.absolute().parent, {path.name: example_with_modeline(), SCHEMA_FILE_NAME: schema_text()})
+    found_as_is = path.absolute() == DEFAULT_SPEC.absolute() and not os.environ.get("PROVISION_SPEC")
+    typer.echo(f"wrote {path} and {schema_path} (its JSON Schema, for editors; `provision schema -o {schema_path}` "
+               "writes it again after an upgrade)")
+    typer.echo(f"edit the spec, then run `provision plan{'' if found_as_is else f' --spec {path}'}`")
 
 
 def inventory(
-    spec: SpecArgument,
     output: Annotated[Path, typer.Option("--output", "-o", help="Inventory folder to write.")],
+    spec: SpecOption = None,
 ) -> None:
     """Validate the spec and write its Ansible inventory (hosts.yml, group_vars/, host_vars/)."""
-    loaded = load_spec_or_exit(spec)
+    loaded = load_found_spec(spec)
     with exit_on_write_error(output):
         result = write_inventory(loaded, output)
     for path in result.written:
@@ -52,20 +78,38 @@ def inventory(
         typer.echo(f"removed {path} (host no longer in the spec)")
 
 
-def plan(spec: SpecArgument, limit: LimitOption = None) -> None:
+def plan(
+    hosts: HostsArgument = None,
+    spec: SpecOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (secrets redacted).")] = False,
+) -> None:
     """Validate the spec and show what each host would get: GPU memory per instance, sysctls, files,
     units, environment. Exit 1 when an instance would not fit its GPU (vLLM would refuse to start)."""
+    spec = find_spec_or_exit(spec)
     loaded = load_spec_or_exit(spec)
-    check_limit(loaded, limit, spec)
+    chosen = {host.name for host in select_or_exit(loaded, hosts)}
+    plans = [host_plan for host_plan in build_plan(loaded) if host_plan.host in chosen]
+    problems = [problem for host_plan in plans for problem in host_plan.memory_problems]
+    if as_json:
+        typer.echo(json.dumps(plan_json(spec, plans), indent=2))
+        raise typer.Exit(1 if problems else 0)
     console = _console()
-    plans = [host_plan for host_plan in build_plan(loaded) if limit is None or host_plan.host == limit]
     for host_plan in plans:
         show_host_plan(console, host_plan)
-    problems = [problem for host_plan in plans for problem in host_plan.memory_problems]
     for problem in problems:
         console.print(f"[bold red]memory:[/] {escape(problem)}")
     if problems:
         raise typer.Exit(1)
+
+
+def plan_json(spec: Path, plans: list[HostPlan]) -> dict:
+    """The plan as JSON-able data, secrets redacted: keys are the plan's field names (provisioner/plan.py)."""
+    return {
+        "spec": str(spec),
+        "hosts": [redact_data({**asdict(host_plan), "memory_problems": host_plan.memory_problems})
+                  for host_plan in plans],
+        "problems": [redact(problem) for host_plan in plans for problem in host_plan.memory_problems],
+    }
 
 
 def show_host_plan(console: Console, plan: HostPlan) -> None:

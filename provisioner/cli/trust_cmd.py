@@ -1,4 +1,4 @@
-"""`provision trust SPEC HOST…`: record the keys the hosts present, after you confirmed their fingerprints."""
+"""`provision trust HOST…`: record the keys the hosts present, after you confirmed their fingerprints."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import SpecArgument, load_spec_or_exit
+from provisioner.cli.common import SpecOption, find_spec_or_exit, load_spec_or_exit, select_or_exit
 from provisioner.hostkeys import (
     CHANGED,
     TRUSTED,
@@ -20,21 +20,18 @@ from provisioner.hostkeys import (
 
 
 def trust(
-    spec: SpecArgument,
-    hosts: Annotated[list[str], typer.Argument(help="Host names of the spec.")],
+    hosts: Annotated[list[str], typer.Argument(
+        metavar="HOST|GROUP...", help="Host or group names of the spec, or all.")],
+    spec: SpecOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Record the keys without asking.")] = False,
     replace: Annotated[bool, typer.Option(
         "--replace", help="Replace a different key recorded for the host (only after checking the new one).")] = False,
 ) -> None:
     """Scan the hosts' keys, show their fingerprints and, once confirmed, record them in each host's
     ssh.known_hosts file (~/.ssh/known_hosts when the spec names none)."""
+    spec = find_spec_or_exit(spec)
     loaded = load_spec_or_exit(spec)
-    names = [host.name for host in loaded.hosts]
-    unknown = [name for name in hosts if name not in names]
-    if unknown:
-        typer.echo(f"trust: no host {', '.join(map(repr, unknown))} in {spec}; hosts: {', '.join(names)}", err=True)
-        raise typer.Exit(2)
-    chosen = [loaded.host(name) for name in dict.fromkeys(hosts)]
+    chosen = select_or_exit(loaded, hosts)
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec, host.name)) for host in chosen])
     failed = False

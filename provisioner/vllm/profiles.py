@@ -1,5 +1,5 @@
 """Planner profiles (profiles.yml): named sets of `vllm serve` flags tuned for one goal, measured on
-an H200 with `provision bench` (README, "Planner profiles")."""
+an H200 with `provision bench` (docs/bench.md, "Planner profiles")."""
 
 from __future__ import annotations
 

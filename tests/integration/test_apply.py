@@ -40,7 +40,7 @@ def test_apply_converges_then_second_apply_changes_nothing(boot, tmp_path):
         [instance_entry(host, "chat", 8000, share=0.9, api_key_file=str(key_file))],
     )
 
-    first = provision("apply", str(spec))
+    first = provision("apply", "--spec", str(spec))
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"{host.name}" in first.stdout and "changed" in first.stdout
 
@@ -174,7 +174,7 @@ def test_invalid_spec_touches_no_host(boot, tmp_path):
     )
     before = disk_state(host)
 
-    result = provision("apply", str(spec))
+    result = provision("apply", "--spec", str(spec))
 
     assert result.returncode == 1
     assert "instances[1].gpu_memory_utilization" in result.stdout + result.stderr
@@ -189,7 +189,7 @@ def test_unreachable_host_fails_the_run_and_the_other_host_is_still_applied(boot
     ghost["gpus"]["devices"][0]["uuid"] = "GPU-00000000-1111-2222-3333-999999999999"
     spec = write_spec(tmp_path / "spec.yml", [host_entry(host), ghost], [instance_entry(host, "chat", 8000)])
 
-    result = provision("apply", str(spec))
+    result = provision("apply", "--spec", str(spec))
 
     assert result.returncode == 1
     assert "ghost" in result.stdout and "unreachable" in result.stdout.lower()

@@ -102,7 +102,8 @@ def applied(lab, tmp_path_factory):
 
 def test_audit_passes_right_after_apply(applied):
     host, spec, folder = applied
-    result, report = provision_audit(spec.source_path, "--junit", folder / "audit.xml", json_file=folder / "audit.json")
+    result, report = provision_audit("--spec", spec.source_path, "--junit", folder / "audit.xml",
+                                     json_file=folder / "audit.json")
 
     assert result.returncode == 0, result.stdout + result.stderr
     checks = report["hosts"][host.name]["checks"]
@@ -124,6 +125,29 @@ def test_audit_passes_right_after_apply(applied):
     suite = ElementTree.parse(folder / "audit.xml").getroot().find("testsuite")
     assert (suite.get("name"), suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
         host.name, str(len(checks)), "0", str(len(CONTAINER_NOT_APPLICABLE)))
+
+
+def test_a_group_named_audits_its_host_and_json_dash_is_all_of_stdout(applied, tmp_path):
+    """`provision audit GROUP --json -` with the spec in $PROVISION_SPEC: stdout is the report alone
+    (a program reads it), the tables are on stderr; a name of neither host nor group: exit 2."""
+    host, spec, folder = applied
+    entry = host_entry(host)
+    entry["groups"] = ["rack_a"]
+    instances = [instance_entry(host, "chat", 8000, share=0.9, api_key_file=str(folder / "chat.key"))]
+    spec_file = write_spec(tmp_path / "grouped.yml", [entry], instances)
+    environment = {**os.environ, "PROVISION_SPEC": str(spec_file)}
+
+    result = subprocess.run([*PROVISION, "audit", "rack_a", "--json", "-"], capture_output=True, text=True,
+                            timeout=300, env=environment, cwd=tmp_path)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert list(report["hosts"]) == [host.name] and report["hosts"][host.name]["status"] == "passed"
+    assert f"{host.name} ({host.address})" in result.stderr
+    unknown = subprocess.run([*PROVISION, "audit", "rack_b"], capture_output=True, text=True, timeout=60,
+                             env=environment, cwd=tmp_path)
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert f"no host or group 'rack_b' in {spec_file} — hosts: {host.name}; groups: rack_a" in unknown.stderr
 
 
 def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
@@ -161,7 +185,7 @@ def test_unreachable_host_exits_2_and_the_other_host_is_still_audited(applied, l
     instances = [instance_entry(host, "chat", 8000, share=0.9, api_key_file=str(folder / "chat.key"))]
     spec_file = write_spec(tmp_path / "spec.yml", [host_entry(host), ghost], instances)
 
-    result, report = provision_audit(spec_file, json_file=tmp_path / "audit.json")
+    result, report = provision_audit("--spec", spec_file, json_file=tmp_path / "audit.json")
 
     assert result.returncode == 2, result.stdout + result.stderr
     assert report["hosts"]["ghost"]["status"] == "could not run"

@@ -33,7 +33,7 @@ NOT_A_FILE_TASK = re.compile(r"^(opt/vllm/venv/|etc/(passwd|group|shadow|gshadow
 
 
 def check_diff(spec_file) -> subprocess.CompletedProcess:
-    return subprocess.run([*PROVISION, "apply", str(spec_file), "--check", "--diff"], capture_output=True, text=True,
+    return subprocess.run([*PROVISION, "apply", "--spec", str(spec_file), "--check", "--diff"], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "COLUMNS": "250"})
 
 

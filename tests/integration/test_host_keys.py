@@ -84,13 +84,13 @@ def entry(host, known_hosts: Path | None) -> dict:
 
 
 def audit(home: Path, spec: Path, folder: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    result = provision(home, "audit", spec, "--json", folder / "audit.json")
+    result = provision(home, "audit", "--spec", spec, "--json", folder / "audit.json")
     return result, json.loads((folder / "audit.json").read_text())
 
 
 def bench(home: Path, spec: Path, folder: Path) -> subprocess.CompletedProcess:
     """The bench as far as its first connection (it never gets further here)."""
-    return provision(home, "bench", spec, "chat", "--no-floor", "--load", "smoke", "--repeats", "1",
+    return provision(home, "bench", "chat", "--spec", spec, "--no-floor", "--load", "smoke", "--repeats", "1",
                      "--vllm", "/bin/true", "--results", folder / "bench")
 
 
@@ -102,7 +102,7 @@ def task_lines(output: str, host) -> list[str]:
 def refused_by_apply_audit_and_bench(home, spec, tmp_path, host, parts: list[str]) -> None:
     """apply --check exits 1, the audit 2 (the host "could not run"), bench 1, each showing `parts`
     of the refusal (bench all of them; apply and the audit all but the first, the host's name line)."""
-    applied = provision(home, "apply", spec, "--check")
+    applied = provision(home, "apply", "--spec", spec, "--check")
     assert applied.returncode == 1, applied.stdout + applied.stderr
     for part in parts[1:]:
         assert part in " ".join(applied.stdout.split())
@@ -127,9 +127,9 @@ def test_a_wrong_key_stops_that_host_and_the_other_is_applied_and_audited(hosts,
     spec = write_spec(tmp_path / "spec.yml", [entry(bad, known), entry(good, known)], [instance_entry(bad, "chat", 8000)])
     changed = (f"{bad.name} ({bad.address}:22)", "HOST KEY CHANGED", f"ED25519 {fingerprint(bad)}",
                f"{known} line {line} (ED25519 {impostor_fingerprint})", "may be an attack",
-               f"provision trust {spec} {bad.name} --replace")
+               f"provision trust {bad.name} --spec {spec} --replace")
 
-    applied = provision(home, "apply", spec, "--check")
+    applied = provision(home, "apply", "--spec", spec, "--check")
     assert applied.returncode == 1, applied.stdout + applied.stderr
     output = " ".join(applied.stdout.split())
     for part in changed[1:]:
@@ -161,7 +161,7 @@ def test_an_unknown_host_is_refused_until_provision_trust_records_it(hosts, home
     spec = write_spec(tmp_path / "spec.yml", [entry(host, known)], [instance_entry(host, "chat", 8000)])
     unknown = (f"{host.name} ({host.address}:22)", "host key not trusted", f"ED25519 {fingerprint(host)}",
                f"{known} has no key for it", "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub",
-               f"provision trust {spec} {host.name}",
+               f"provision trust {host.name} --spec {spec}",
                f"add this line to {known}: {host.address} ssh-ed25519 ")
 
     refused_by_apply_audit_and_bench(home, spec, tmp_path, host, unknown)
@@ -171,20 +171,20 @@ def test_an_unknown_host_is_refused_until_provision_trust_records_it(hosts, home
     assert profiled.returncode == 2 and "host key not trusted" in error and unknown[6] in error  # no spec: the line
     assert known.read_text() == ""
 
-    declined = provision(home, "trust", spec, host.name, answer="n\n")  # shown, asked, declined
+    declined = provision(home, "trust", host.name, "--spec", spec, answer="n\n")  # shown, asked, declined
     assert declined.returncode == 1 and f"ED25519 {fingerprint(host)}" in declined.stdout
     assert f"Record this key in {known}?" in declined.stdout and "nothing written" in declined.stdout
     assert known.read_text() == ""
-    trusted = provision(home, "trust", spec, host.name, "--yes")
+    trusted = provision(home, "trust", host.name, "--spec", spec, "--yes")
     assert trusted.returncode == 0, trusted.stdout + trusted.stderr
     assert f"ED25519 {fingerprint(host)}" in trusted.stdout and f"recorded 1 key in {known}" in trusted.stdout
     recorded = known.read_text()
     assert recorded.split() == [host.address, *public_key(host)]
-    again = provision(home, "trust", spec, host.name, "--yes")
+    again = provision(home, "trust", host.name, "--spec", spec, "--yes")
     assert again.returncode == 0 and "already trusted" in again.stdout and "nothing written" in again.stdout
     assert known.read_text() == recorded
 
-    applied = provision(home, "apply", spec, "--check")
+    applied = provision(home, "apply", "--spec", spec, "--check")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert known.read_text() == recorded  # ssh added nothing (UpdateHostKeys no)
     nothing_written_to_ssh(home)
@@ -194,7 +194,7 @@ def test_without_a_known_hosts_file_in_the_spec_the_users_own_is_read_and_never_
     host = hosts[1]
     spec = write_spec(tmp_path / "spec.yml", [entry(host, None)], [])
 
-    applied = provision(home, "apply", spec, "--check")
+    applied = provision(home, "apply", "--spec", spec, "--check")
     assert applied.returncode == 1, applied.stdout + applied.stderr
     assert f"none of {USERS_SSH}/known_hosts" in applied.stdout and f"ED25519 {fingerprint(host)}" in applied.stdout
     audited, report = audit(home, spec, tmp_path)
@@ -205,7 +205,7 @@ def test_without_a_known_hosts_file_in_the_spec_the_users_own_is_read_and_never_
     assert profiled.returncode == 2 and "host key not trusted" in error
     nothing_written_to_ssh(home)
 
-    trusted = provision(home, "trust", spec, host.name, "--yes")  # the user asked: their own file
+    trusted = provision(home, "trust", host.name, "--spec", spec, "--yes")  # the user asked: their own file
     assert trusted.returncode == 0, trusted.stdout + trusted.stderr
     users_file = home / ".ssh" / "known_hosts"
     recorded = users_file.read_text()
@@ -231,16 +231,16 @@ def test_a_changed_key_is_refused_until_trust_replaces_it(lab, hosts, home, tmp_
     with lab.known_hosts.open("a") as file:
         file.write(f"{host.address} {' '.join(public_key(host))}\n")
     changed = (f"{host.name} ({host.address}:22)", "HOST KEY CHANGED", f"ED25519 {new}",
-               f"{known} line 1 (ED25519 {old})", "may be an attack", f"provision trust {spec} {host.name} --replace")
+               f"{known} line 1 (ED25519 {old})", "may be an attack", f"provision trust {host.name} --spec {spec} --replace")
     before = known.read_text()
 
     refused_by_apply_audit_and_bench(home, spec, tmp_path, host, changed)
 
-    refused = provision(home, "trust", spec, host.name, "--yes")
+    refused = provision(home, "trust", host.name, "--spec", spec, "--yes")
     assert refused.returncode == 1 and "HOST KEY CHANGED" in refused.stderr
-    assert f"run `provision trust {spec} {host.name} --replace` — nothing written" in " ".join(refused.stderr.split())
+    assert f"run `provision trust {host.name} --spec {spec} --replace` — nothing written" in " ".join(refused.stderr.split())
     assert known.read_text() == before
-    replaced = provision(home, "trust", spec, host.name, "--yes", "--replace")
+    replaced = provision(home, "trust", host.name, "--spec", spec, "--yes", "--replace")
     assert replaced.returncode == 0, replaced.stdout + replaced.stderr
     assert f"ED25519 {old}" in replaced.stdout and "removed 1 old" in replaced.stdout
     assert f"ED25519 {new}" in replaced.stdout and before.split()[2] not in known.read_text()

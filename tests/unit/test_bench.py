@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,19 @@ def test_compare_on_the_command_line_prints_deltas_and_writes_the_plot(tmp_path)
     assert (results / "compare-conc-defaults-vs-conc-latency.png").stat().st_size > 10_000
 
 
+def test_compare_without_matplotlib_prints_the_tables_and_how_to_get_plots(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as where the extra `plot` is not installed
+    results = shutil.copytree(RECORDED, tmp_path / "results")
+    outcome = CliRunner().invoke(app, ["bench", "--compare", "conc-defaults", "conc-latency", "--results", str(results)],
+                                 env={"COLUMNS": "200"})
+    assert outcome.exit_code == 0, outcome.output
+    assert outcome.exception is None
+    assert "conc-defaults (reference) vs conc-latency" in outcome.output and "+4.7 %" in outcome.output
+    assert ("no plot drawn: matplotlib is not installed — for plots: pipx inject vllm-provision matplotlib, "
+            "or pip install 'vllm-provision[plot]'") in outcome.output
+    assert not list(results.glob("*.png"))
+
+
 def test_a_sweep_reads_flag_and_values():
     sweep = parse_sweep("max_num_batched_tokens=2048,4096, 8192")
     assert (sweep.flag, sweep.values) == ("max-num-batched-tokens", (2048, 4096, 8192))
@@ -153,7 +167,7 @@ def test_a_sweep_value_that_does_not_fit_in_memory_is_refused():
 def test_bench_names_the_instances_when_one_is_unknown(tmp_path):
     spec = tmp_path / "spec.yml"
     spec.write_text(json.dumps(_spec().model_dump(mode="json")))
-    outcome = CliRunner().invoke(app, ["bench", str(spec), "chta"], env={"COLUMNS": "200"})
+    outcome = CliRunner().invoke(app, ["bench", "chta", "--spec", str(spec)], env={"COLUMNS": "200"})
     assert outcome.exit_code == 2
     assert "no instance 'chta' in the spec — did you mean 'chat'? instances: chat" in outcome.output
 

@@ -6,7 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from provisioner.cli.main import app
-from provisioner.paths import EXAMPLES_DIR, SPEC_EXAMPLE
+from provisioner.paths import EXAMPLES_DIR
+from provisioner.spec_docs import SCHEMA_FILE_NAME, example_with_modeline, schema_text
 from tests.unit.conftest import UUID1, host, instance, spec_data, write_spec
 
 runner = CliRunner()
@@ -38,10 +39,12 @@ def test_every_command_is_registered():
 
 
 def test_init_writes_the_example_and_refuses_to_overwrite(tmp_path):
-    target = tmp_path / "spec.yml"
+    target = tmp_path / "fleet.yml"
     first = invoke("init", target)
     assert first.exit_code == 0, first.output
-    assert target.read_text() == SPEC_EXAMPLE.read_text()
+    assert target.read_text() == example_with_modeline()
+    assert (tmp_path / SCHEMA_FILE_NAME).read_text() == schema_text()
+    assert f"run `provision plan --spec {target}`" in first.output
 
     target.write_text("mine\n")
     second = invoke("init", target)
@@ -51,18 +54,34 @@ def test_init_writes_the_example_and_refuses_to_overwrite(tmp_path):
 
     forced = invoke("init", target, "--force")
     assert forced.exit_code == 0
-    assert target.read_text() == SPEC_EXAMPLE.read_text()
+    assert target.read_text() == example_with_modeline()
 
 
-def test_init_defaults_to_spec_yml_in_the_current_folder(tmp_path, monkeypatch):
+def test_init_defaults_to_provision_yml_in_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert invoke("init").exit_code == 0
-    assert (tmp_path / "spec.yml").read_text() == SPEC_EXAMPLE.read_text()
+    monkeypatch.delenv("PROVISION_SPEC", raising=False)
+    result = invoke("init")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "provision.yml").read_text() == example_with_modeline()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["provision.schema.json", "provision.yml"]
+    assert "run `provision plan`" in result.output  # found there without --spec
+
+
+@pytest.mark.parametrize("where, message", [
+    ("folder", "is a folder — name the spec file to write, e.g. "),
+    ("provision.schema.json", "init writes the spec's JSON Schema under that name — choose another name"),
+])
+def test_init_refuses_a_path_it_cannot_write_the_spec_to(tmp_path, where, message):
+    (tmp_path / "folder").mkdir()
+    result = invoke("init", tmp_path / where)
+    assert result.exit_code == 1
+    assert message in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["folder"]
 
 
 def test_inventory_writes_the_files(tmp_path):
     out = tmp_path / "inv"
-    result = invoke("inventory", EXAMPLES_DIR / "seed2-4070.yml", "-o", out)
+    result = invoke("inventory", "--spec", EXAMPLES_DIR / "seed2-4070.yml", "-o", out)
     assert result.exit_code == 0, result.output
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.yml")) == [
         "group_vars/all.yml", "host_vars/ws4070.yml", "hosts.yml",
@@ -72,22 +91,22 @@ def test_inventory_writes_the_files(tmp_path):
 
 def test_inventory_reports_removed_host_vars(tmp_path):
     two = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})]))
-    assert invoke("inventory", two, "-o", tmp_path / "inv").exit_code == 0
+    assert invoke("inventory", "--spec", two, "-o", tmp_path / "inv").exit_code == 0
     write_spec(two, spec_data())
-    result = invoke("inventory", two, "-o", tmp_path / "inv")
+    result = invoke("inventory", "--spec", two, "-o", tmp_path / "inv")
     assert result.exit_code == 0
     assert f"removed {tmp_path / 'inv' / 'host_vars' / 'ws3090.yml'} (host no longer in the spec)" in result.output
 
 
 def test_invalid_spec_exits_1_lists_every_problem_and_writes_nothing(invalid_spec, tmp_path):
-    result = invoke("inventory", invalid_spec, "-o", tmp_path / "inv")
+    result = invoke("inventory", "--spec", invalid_spec, "-o", tmp_path / "inv")
     assert result.exit_code == 1
     assert result.output.splitlines() == [f"{invalid_spec}: 2 problems", *INVALID_SPEC_PROBLEMS]
     assert not (tmp_path / "inv").exists()
 
 
 def test_plan_of_an_invalid_spec_exits_1_with_the_problems(invalid_spec):
-    result = invoke("plan", invalid_spec)
+    result = invoke("plan", "--spec", invalid_spec)
     assert result.exit_code == 1
     assert result.output.splitlines()[1:] == INVALID_SPEC_PROBLEMS
 
@@ -95,7 +114,7 @@ def test_plan_of_an_invalid_spec_exits_1_with_the_problems(invalid_spec):
 def test_plan_yaml_error_exits_1(tmp_path):
     path = tmp_path / "spec.yml"
     path.write_text("version: 1\nhosts: [\n")
-    result = invoke("plan", path)
+    result = invoke("plan", "--spec", path)
     assert result.exit_code == 1
     assert result.output.splitlines()[1] == (
         "spec.yml:3:1: expected the node content, but found '<stream end>' (while parsing a flow node) "
@@ -104,7 +123,7 @@ def test_plan_yaml_error_exits_1(tmp_path):
 
 
 def test_plan_shows_sysctls_files_units_and_environment():
-    result = invoke("plan", EXAMPLES_DIR / "seed1-3090.yml")
+    result = invoke("plan", "--spec", EXAMPLES_DIR / "seed1-3090.yml")
     assert result.exit_code == 0, result.output
     lines = [line.strip() for line in result.output.splitlines()]
     assert "ws3090 (192.0.2.10)" in result.output
@@ -119,15 +138,15 @@ def test_plan_shows_sysctls_files_units_and_environment():
     assert "fake-example-key-seed1" not in result.output
 
 
-def test_plan_limit(tmp_path):
+def test_plan_of_named_hosts_only(tmp_path):
     data = spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={"devices": [{"index": 0, "uuid": UUID1}]})],
                      instances=[instance("chat", 8000), instance("qwen", 8000, on="ws3090")])
     path = write_spec(tmp_path / "spec.yml", data)
-    result = invoke("plan", path, "--limit", "ws3090")
+    result = invoke("plan", "ws3090", "--spec", path)
     assert result.exit_code == 0, result.output
     assert "vllm-qwen.service" in result.output
     assert "vllm-chat.service" not in result.output
 
-    unknown = invoke("plan", path, "--limit", "ws9999")
+    unknown = invoke("plan", "ws9999", "--spec", path)
     assert unknown.exit_code == 2
-    assert f"--limit: no host named 'ws9999' in {path}; hosts: ws4070, ws3090" in unknown.output
+    assert unknown.output.strip() == f"no host or group 'ws9999' in {path} — hosts: ws4070, ws3090 (or all)"

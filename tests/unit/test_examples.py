@@ -2,8 +2,8 @@
 
 After a deliberate change to the generator or to an example, refresh the committed files:
     UPDATE_EXAMPLES=1 .venv/bin/python -m pytest tests/unit/test_examples.py
-Paths inside this checkout are written as /path/to/vllm-provision, so the files do not
-depend on where the repository is cloned.
+Each inventory is generated where it is committed (inventory/examples/<spec name>/): the files the
+spec names are written relative to it, so nothing in them depends on where the repository is cloned.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.inventory import write_inventory
+from provisioner.inventory import build_inventory, render_file
 from provisioner.paths import CONTENT_ROOT, EXAMPLES_DIR
 from provisioner.spec import load_spec
 
-CHECKOUT_PLACEHOLDER = "/path/to/vllm-provision"
 EXAMPLE_SPECS = sorted(EXAMPLES_DIR.glob("*.yml"))
 
 
@@ -26,12 +25,10 @@ def test_the_three_seed_examples_exist():
     assert [path.stem for path in EXAMPLE_SPECS] == ["seed1-3090", "seed2-4070", "seed3-2x4090"]
 
 
-def generated(spec_path: Path, tmp_path: Path) -> dict[str, str]:
-    write_inventory(load_spec(spec_path), tmp_path)
-    return {
-        path.relative_to(tmp_path).as_posix(): path.read_text().replace(str(CONTENT_ROOT), CHECKOUT_PLACEHOLDER)
-        for path in sorted(tmp_path.rglob("*.yml"))
-    }
+def generated(spec_path: Path, folder: Path) -> dict[str, str]:
+    """The inventory's files as `provision inventory -o folder` writes them."""
+    spec = load_spec(spec_path)
+    return {relative: render_file(spec, data) for relative, data in sorted(build_inventory(spec, folder).items())}
 
 
 def committed(folder: Path) -> dict[str, str]:
@@ -39,9 +36,9 @@ def committed(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("spec_path", EXAMPLE_SPECS, ids=lambda path: path.stem)
-def test_committed_inventory_matches_the_generator(spec_path, tmp_path):
+def test_committed_inventory_matches_the_generator(spec_path):
     folder = EXAMPLES_DIR / spec_path.stem
-    expected = generated(spec_path, tmp_path)
+    expected = generated(spec_path, folder)
     if os.environ.get("UPDATE_EXAMPLES") == "1":
         shutil.rmtree(folder, ignore_errors=True)
         for relative, text in expected.items():
@@ -50,6 +47,15 @@ def test_committed_inventory_matches_the_generator(spec_path, tmp_path):
     assert committed(folder) == expected, (
         f"{folder} is out of date: run UPDATE_EXAMPLES=1 .venv/bin/python -m pytest tests/unit/test_examples.py"
     )
+
+
+@pytest.mark.parametrize("spec_path", EXAMPLE_SPECS, ids=lambda path: path.stem)
+def test_the_inventory_names_no_folder_of_this_machine(spec_path):
+    """The API key files are in the checkout: named from the inventory's folder, not by this machine's path."""
+    text = "".join(generated(spec_path, EXAMPLES_DIR / spec_path.stem).values())
+    assert "api_key_file: '{{ inventory_dir }}/../secrets/" in text
+    for folder in {str(CONTENT_ROOT), str(CONTENT_ROOT.resolve()), str(Path.home())}:
+        assert folder not in text
 
 
 def test_seed2_shares_fill_the_card_to_the_limit_and_no_further():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from provisioner.cli import facts_cmd
@@ -50,3 +51,50 @@ def test_facts_needs_no_spec_no_pydantic_no_yaml():
             "print(sorted(m for m in ('pydantic', 'yaml', 'jinja2', 'ansible', 'provisioner.spec') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=CONTENT_ROOT, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_with_json_a_missing_driver_is_a_json_error_on_stdout(monkeypatch):
+    def no_driver(**_):
+        raise SmiError("nvidia-smi is not on the PATH, and NVML did not start: Driver Not Loaded")
+
+    monkeypatch.setattr(facts_cmd, "read_facts", no_driver)
+    result = CliRunner().invoke(app, ["facts", "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {
+        "error": "cannot read the GPUs: nvidia-smi is not on the PATH, and NVML did not start: Driver Not Loaded",
+        "fix": facts_cmd.NO_DRIVER_FIX,
+    }
+    assert result.stderr == ""
+
+
+def test_with_json_no_driver_at_all_is_a_json_error_too(tmp_path):
+    """This machine has no NVIDIA driver: NVML does not start, and the nvidia-smi given does not exist."""
+    result = CliRunner().invoke(app, ["facts", "--json", "--nvidia-smi", str(tmp_path / "nvidia-smi")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # not an exception's traceback
+    error = json.loads(result.stdout)
+    assert error["error"].startswith(f"cannot read the GPUs: {tmp_path / 'nvidia-smi'}")
+    assert error["fix"] == facts_cmd.NO_DRIVER_FIX
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"calls": 3}', "[]"])
+@pytest.mark.parametrize("json_output", [["--json"], []], ids=["json", "table"])
+def test_a_recording_that_is_not_one_is_an_error_not_a_traceback(content, json_output, tmp_path):
+    recording = tmp_path / "nvml.json"
+    recording.write_text(content)
+    result = CliRunner().invoke(app, ["facts", *json_output, "--from-recording", str(recording)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    if json_output:
+        error = json.loads(result.stdout)
+        assert error["error"].startswith(f"{recording}: not a recording of NVML's answers")
+        assert error["fix"] == facts_cmd.RECORDING_FIX
+    else:
+        assert result.stdout == "" and f"{recording}: not a recording of NVML's answers" in result.stderr
+
+
+@pytest.mark.parametrize("json_output", [["--json"], []], ids=["json", "table"])
+def test_a_recording_that_cannot_be_read_is_an_error_in_the_same_form(json_output, tmp_path):
+    for missing in (tmp_path / "nope.json", tmp_path):  # no such file; a folder
+        result = CliRunner().invoke(app, ["facts", *json_output, "--from-recording", str(missing)])
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+        output = json.loads(result.stdout)["error"] if json_output else result.stderr
+        assert f"{missing}: cannot read it (" in output

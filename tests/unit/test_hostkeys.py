@@ -42,7 +42,7 @@ def new_key(folder: Path, name: str, kind: str = "ed25519") -> HostKey:
 def check_of(files: list[Path], *presented: HostKey, port: int = 22) -> HostKeyCheck:
     name = ADDRESS if port == 22 else f"[{ADDRESS}]:{port}"
     return HostKeyCheck("gpu1", ADDRESS, port, tuple(map(str, files)), presented,
-                        tuple(recorded(name, list(map(str, files)))), trust_command="provision trust spec.yml gpu1")
+                        tuple(recorded(name, list(map(str, files)))), trust_command="provision trust gpu1 --spec spec.yml")
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_unknown_host_message_shows_the_fingerprint_the_file_and_both_fixes(tmp_
     assert check.message() == (
         f"gpu1 ({ADDRESS}:22): host key not trusted — the host presents ED25519 {keys['host'].fingerprint}; "
         f"{known} has no key for it. Check the fingerprint on the host's console "
-        "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), then run `provision trust spec.yml gpu1` "
+        "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), then run `provision trust gpu1 --spec spec.yml` "
         f"(or add this line to {known}: {ADDRESS} ssh-ed25519 {keys['host'].blob})")
 
 
@@ -90,7 +90,7 @@ def test_a_different_key_of_the_presented_type_is_a_changed_key(tmp_path, keys):
     assert message.startswith(f"gpu1 ({ADDRESS}:22): HOST KEY CHANGED — the host presents ED25519 "
                               f"{keys['host'].fingerprint}, but {known} line 2 (ED25519 {keys['other'].fingerprint}) "
                               "holds another key for it. This may be an attack")
-    assert message.endswith("only if it matches, run `provision trust spec.yml gpu1 --replace`")
+    assert message.endswith("only if it matches, run `provision trust gpu1 --spec spec.yml --replace`")
 
 
 def test_on_another_port_the_entry_for_port_22_does_not_count(tmp_path, keys):

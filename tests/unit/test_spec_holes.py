@@ -35,7 +35,7 @@ def invoke(*args: str | Path):
 def refused_by_the_cli(spec_path: Path, tmp_path: Path, message: str) -> None:
     """`plan` and `inventory` both exit 1 with `message`, no traceback, and no inventory folder."""
     out = tmp_path / "inventory-out"
-    for args in (("plan", spec_path), ("inventory", spec_path, "-o", out)):
+    for args in (("plan", "--spec", spec_path), ("inventory", "--spec", spec_path, "-o", out)):
         result = invoke(*args)
         assert result.exit_code == 1, (args, result.output)
         assert isinstance(result.exception, SystemExit), result.exception  # no traceback
@@ -271,7 +271,7 @@ def test_inventory_into_an_existing_folder_changes_nothing_when_a_file_cannot_go
     (tmp_path / "inv" / "host_vars" / "ws4070.yml").mkdir()  # a folder where a file must go
     (tmp_path / "inv" / "hosts.yml").write_text("old\n")
 
-    result = invoke("inventory", write_spec(tmp_path / "spec.yml", spec_data(instances=[])), "-o", tmp_path / "inv")
+    result = invoke("inventory", "--spec", write_spec(tmp_path / "spec.yml", spec_data(instances=[])), "-o", tmp_path / "inv")
 
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert f"{tmp_path}/inv: cannot write it: a folder is in the way ({tmp_path}/inv/host_vars/ws4070.yml) — " \
@@ -290,7 +290,8 @@ def test_init_writes_nothing_where_it_cannot_write(tmp_path):
 
     result = invoke("init", tmp_path / "new" / "spec.yml")
     assert result.exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["spec.yml"]  # no temporary file left
+    # no temporary file left: the spec and its JSON Schema only
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["provision.schema.json", "spec.yml"]
 
 
 # ------------------------------------------------------------------ 10. value forms as the pinned parser reads them

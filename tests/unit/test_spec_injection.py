@@ -225,7 +225,7 @@ def _everywhere(value: str) -> list[dict]:
 def test_provision_plan_never_shows_a_traceback(tmp_path, value):
     runner = CliRunner()
     for data in _everywhere(value):
-        result = runner.invoke(app, ["plan", str(write_spec(tmp_path / "spec.yml", data))])
+        result = runner.invoke(app, ["plan", "--spec", str(write_spec(tmp_path / "spec.yml", data))])
         assert "Traceback" not in result.output, result.output
         assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
         assert result.exit_code in (0, 1, 2), (result.exit_code, result.output)

@@ -41,11 +41,11 @@ def test_an_instance_that_does_not_fit_stops_plan_and_apply_before_any_host(tmp_
                                          options={"max-model-len": 4096})])
     path = write_spec(tmp_path / "spec.yml", data)
 
-    planned = invoke("plan", path)
+    planned = invoke("plan", "--spec", path)
     assert planned.exit_code == 1
     assert "memory: ws3090 GPU 0: chat: " in planned.output and "gpu_memory_utilization" in planned.output
 
-    applied = invoke("apply", path)
+    applied = invoke("apply", "--spec", path)
     assert applied.exit_code == 1
     assert "nothing applied" in applied.output and "ok=" not in applied.output  # no playbook ran
 

@@ -1,0 +1,223 @@
+"""The spec's JSON Schema and its reference page, both generated from the pydantic model (provisioner/spec.py).
+
+- `spec_schema()` / `schema_text()`: the JSON Schema with every field's description, default and constraints,
+  declared as draft-07: the draft editors with yaml-language-server (VS Code's YAML extension) fully support, and
+  every keyword pydantic writes here is a draft-07 keyword (tests/unit/test_docs.py checks both); `provision schema` prints it, `provision init` writes it beside the spec
+  (`provision.schema.json`) for editors (the yaml-language-server modeline).
+- `reference_markdown()`: docs/spec.md, the annotated example and a table of every field.
+
+The schema checks each field's shape (types, ranges, patterns, unknown keys); the checks across fields (names,
+ports, GPU references, memory shares, flags against vLLM's catalog, files on disk) run when a command loads the
+spec. Regenerate the checked-in copies after changing the model:
+
+    .venv/bin/python -m provisioner.spec_docs        # writes docs/spec.md and docs/spec.schema.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic.json_schema import GenerateJsonSchema
+
+from provisioner.paths import SPEC_EXAMPLE
+from provisioner.spec import Spec
+
+SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"
+SCHEMA_FILE_NAME = "provision.schema.json"  # `provision init` writes it beside the spec
+MODELINE_PREFIX = "# yaml-language-server: $schema="
+
+
+class _WithFactoryDefaults(GenerateJsonSchema):
+    """pydantic leaves out the defaults of `default_factory` fields ([] {} and nested models): show them too."""
+
+    def get_default_value(self, schema: Any) -> Any:
+        factory = schema.get("default_factory")
+        if factory is not None and not schema.get("default_factory_takes_data"):
+            return factory()
+        return super().get_default_value(schema)
+
+
+def spec_schema() -> dict[str, Any]:
+    """The JSON Schema of a spec file, from the model this installation validates with."""
+    schema = Spec.model_json_schema(schema_generator=_WithFactoryDefaults)
+    schema.pop("title", None)
+    schema.pop("description", None)
+    return {
+        "$schema": SCHEMA_DIALECT,
+        "title": "vllm-provision spec",
+        "description": "One YAML file: the GPU hosts and the vLLM instances they run (docs/spec.md). This schema "
+                       "checks each field's shape; `provision plan` also checks the fields against each other.",
+        **schema,
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(spec_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def modeline(schema_location: str = SCHEMA_FILE_NAME) -> str:
+    """The first line that makes editors with yaml-language-server validate the file against the schema
+    (a relative location is taken from the YAML file's folder)."""
+    return f"{MODELINE_PREFIX}{schema_location}\n"
+
+
+def example_with_modeline() -> str:
+    """What `provision init` writes: the modeline, then the annotated example."""
+    return modeline() + SPEC_EXAMPLE.read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- docs/spec.md
+
+
+def reference_markdown() -> str:
+    schema = spec_schema()
+    lines = [
+        "# The spec",
+        "",
+        "<!-- Generated from provisioner/spec.py by `.venv/bin/python -m provisioner.spec_docs`; do not edit: "
+        "tests/unit/test_docs.py fails when this file and the model differ. -->",
+        "",
+        "One YAML file names the hosts, their GPUs and the vLLM instances they run. Commands find it as "
+        "`--spec FILE`, else `$PROVISION_SPEC`, else `./provision.yml`. `provision init` writes the annotated "
+        "example below (`templates/spec.example.yml`) with a first line, "
+        f"`{modeline().strip()}`, that makes editors running yaml-language-server (VS Code's YAML extension, "
+        "Neovim, Helix, …) check it against the JSON Schema init writes beside it (the installed version's; "
+        "`provision schema -o FILE` writes it again, e.g. after an upgrade; the checked-in copy is "
+        "[spec.schema.json](spec.schema.json)).",
+        "",
+        "The schema checks each field's shape. Every command that reads the spec also checks the fields against "
+        "each other and reports every problem at once, before any host is touched: see "
+        "[validation.md](validation.md).",
+        "",
+        "## The annotated example",
+        "",
+        "```yaml",
+        SPEC_EXAMPLE.read_text(encoding="utf-8").rstrip("\n"),
+        "```",
+        "",
+        "## Every field",
+        "",
+        "`[]` marks a list item: `hosts[].ssh.port` is `port` under `ssh` of each host.",
+    ]
+    for path, model, properties, required in _models(schema, schema, ""):
+        lines += ["", f"### `{path or 'the file'}`", ""]
+        if model.get("description") and path:
+            lines += [_prose(model["description"]), ""]
+        lines += ["| field | type | default | constraints | description |", "|---|---|---|---|---|"]
+        for name, field in properties.items():
+            full = f"{path}.{name}" if path else name
+            lines.append("| " + " | ".join([
+                f"`{full}`",
+                _cell(_type(field, schema, full)),
+                _cell(_default(field, name in required, schema)),
+                _cell(_constraints(field)),
+                _prose(field.get("description") or _referenced(field, schema).get("description", "")),
+            ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _models(model: dict, root: dict, path: str):
+    """(path, model schema, properties, required) of the model at `path` and of every model below it, in order."""
+    properties = model.get("properties", {})
+    yield path, model, properties, set(model.get("required", []))
+    for name, field in properties.items():
+        found = _model_below(field, root)
+        if found:
+            child, is_list = found
+            yield from _models(child, root, f"{path}.{name}{'[]' if is_list else ''}".lstrip("."))
+
+
+def _model_below(field: dict, root: dict) -> tuple[dict, bool] | None:
+    """The model a field holds (directly, or null allowed) or lists, and whether it lists it."""
+    for option in field.get("anyOf", [field]):
+        if "$ref" in option:
+            return _deref(option, root), False
+        items = option.get("items", {})
+        if "$ref" in items:
+            return _deref(items, root), True
+    return None
+
+
+def _deref(schema: dict, root: dict) -> dict:
+    return root["$defs"][schema["$ref"].removeprefix("#/$defs/")]
+
+
+def _referenced(field: dict, root: dict) -> dict:
+    found = _model_below(field, root)
+    return found[0] if found and not found[1] else {}
+
+
+def _type(field: dict, root: dict, path: str) -> str:
+    if "anyOf" in field:
+        return " or ".join(_type(option, root, path) for option in field["anyOf"])
+    if "$ref" in field:
+        return f"mapping (`{path}`)"
+    if "const" in field:
+        return json.dumps(field["const"])
+    if "enum" in field:
+        return " or ".join(json.dumps(value) for value in field["enum"])
+    kind = field.get("type")
+    if kind == "array":
+        items = field.get("items", {})
+        return f"list of {_type(items, root, path + '[]') if items else 'values'}"
+    if kind == "object":
+        values = field.get("additionalProperties")
+        return f"mapping of string to {_type(values, root, path)}" if isinstance(values, dict) else "mapping"
+    return kind or "any value"
+
+
+def _default(field: dict, required: bool, root: dict) -> str:
+    if required:
+        return "required"
+    if "default" not in field:
+        return ""
+    default = field["default"]
+    if isinstance(default, dict) and default and _referenced(field, root):
+        return "its fields' defaults"
+    return f"`{json.dumps(default, ensure_ascii=False)}`"
+
+
+_BOUNDS = (("minimum", "≥ {}"), ("exclusiveMinimum", "> {}"), ("maximum", "≤ {}"), ("exclusiveMaximum", "< {}"),
+           ("minItems", "at least {} item(s)"), ("minLength", "at least {} character(s)"),
+           ("maxLength", "at most {} character(s)"), ("pattern", "matches `{}`"))
+
+
+def _constraints(field: dict) -> str:
+    found = []
+    for part in [field, *field.get("anyOf", []), field.get("items", {}), field.get("additionalProperties") or {}]:
+        if not isinstance(part, dict):
+            continue
+        found += [text.format(part[key]) for key, text in _BOUNDS if key in part]
+    return ", ".join(dict.fromkeys(found))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _prose(text: str) -> str:
+    """A description in a table cell: <name> shown as written, not taken for an HTML tag."""
+    return _cell(text).replace("<", "&lt;").replace(">", "&gt;")
+
+
+# --------------------------------------------------------------------------- the checked-in copies
+
+
+def generated_docs(docs_dir: Path) -> dict[Path, str]:
+    """The generated files of docs/ and what they must hold."""
+    return {docs_dir / "spec.md": reference_markdown(), docs_dir / "spec.schema.json": schema_text()}
+
+
+def main() -> int:
+    docs_dir = Path(__file__).resolve().parent.parent / "docs"
+    for path, text in generated_docs(docs_dir).items():
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""`provision inventory -o DIR` is portable: generated in one folder, moved with the spec's folder, then
+applied with plain `ansible-playbook` (no checkout's ansible.cfg) against a real systemd test host; a spec
+value that looks like Jinja reaches the host as written (Ansible does not run it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioner.paths import collections_dir, site_playbook
+from tests.lab.specs import host_entry, install_standin, instance_entry, standin_wheelhouse, write_spec
+
+PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
+API_KEY = "sk-portable-inventory-7"
+
+
+@pytest.fixture(scope="module")
+def lab_host(lab):
+    """One fresh host. Named pi<n>: nspawn names each host's veth after it, so labs side by side on one
+    machine must not share host names."""
+    (host,) = lab.boot_many([f"pi{lab.boot_count}"])
+    install_standin(host)
+    yield host
+    lab.destroy(host)
+
+
+def project_folder(folder: Path, host, note: str) -> Path:
+    """A spec folder as a user keeps one: the spec naming its files relative to itself."""
+    (folder / "keys").mkdir(parents=True)
+    shutil.copy(host.ssh_key, folder / "keys" / "id")
+    (folder / "keys" / "id").chmod(0o600)
+    shutil.copy(host.known_hosts, folder / "known_hosts")
+    shutil.copytree(standin_wheelhouse(), folder / "wheelhouse")
+    (folder / "secrets").mkdir()
+    (folder / "secrets" / "chat.key").write_text(API_KEY + "\n")
+    entry = host_entry(host)
+    entry["ssh"].update(key="keys/id", known_hosts="known_hosts")
+    entry["vllm"]["wheelhouse"] = "wheelhouse"
+    return write_spec(folder / "provision.yml", [entry],
+                      [instance_entry(host, "chat", 8000, share=0.9, api_key_file="secrets/chat.key", env={"NOTE": note})])
+
+
+def test_an_inventory_moved_with_its_spec_folder_still_applies(lab_host, tmp_path):
+    host = lab_host
+    # a spec value that Ansible would run on the controller if it templated it: it stays data
+    marker = tmp_path / "templated"
+    note = "{{ lookup('pipe', 'touch " + str(marker) + "') }}"
+    spec = project_folder(tmp_path / "made-here", host, note)
+    made = subprocess.run([*PROVISION, "inventory", "--spec", str(spec), "-o", str(spec.parent / "inventory")],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    for path in (spec.parent / "inventory").rglob("*.yml"):
+        assert str(spec.parent) not in path.read_text(), path  # the folder it was made in
+
+    moved = tmp_path / "another" / "place"
+    moved.parent.mkdir()
+    shutil.move(spec.parent, moved)  # nothing is left where the inventory was made
+    elsewhere = tmp_path / "elsewhere"  # run from a folder with no ansible.cfg, as a collection user would
+    elsewhere.mkdir()
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
+    applied = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(moved / "inventory" / "hosts.yml"),
+         site_playbook()],
+        capture_output=True, text=True, timeout=600, cwd=elsewhere,
+        env={**environment, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections")),
+             "ANSIBLE_FORCE_COLOR": "0"})
+
+    assert applied.returncode == 0, applied.stdout[-4000:] + applied.stderr[-2000:]
+    assert "failed=0" in applied.stdout and "unreachable=0" in applied.stdout
+    assert host.ssh("systemctl is-active vllm-chat.service").stdout.strip() == "active"
+    assert f"VLLM_API_KEY={API_KEY}" in host.ssh("cat /etc/vllm/chat.env").stdout  # read from the moved file
+    assert host.ssh("/opt/vllm/venv/bin/pip show vllm").stdout.count("Version: 0.25.0") == 1  # from the moved wheelhouse
+    assert not marker.exists()
+    assert "lookup('pipe', 'touch " in host.ssh("systemctl show -p Environment vllm-chat.service").stdout

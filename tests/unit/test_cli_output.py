@@ -1,0 +1,123 @@
+"""What the CLI prints for people and for programs: --version, shell completion, and tables that a pipe
+gets whole (no 80-column cut or fold, whatever the terminal around it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from provisioner.audit.report import host_table
+from provisioner.audit.runner import CheckResult, HostReport
+from provisioner.cli.console import make_console
+from provisioner.cli.main import app
+from provisioner.paths import CONTENT_ROOT
+from tests.unit.conftest import host, instance, spec_data, write_spec
+
+PROVISION = Path(sys.executable).with_name("provision")  # the installed entry point
+PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+H200X2 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200x2" / "nvml.json"
+LONG = "x" * 60 + "-" + "y" * 60 + "-" + "z" * 60  # 182 characters: no terminal row holds it
+
+
+def piped(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The CLI in a pipe, as `provision ... | less` runs it: no COLUMNS, stdout and stderr not terminals."""
+    environ = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    return subprocess.run([str(PROVISION), *args], capture_output=True, text=True, timeout=120,
+                          env={**environ, **env}, stdin=subprocess.DEVNULL)
+
+
+def pin(name: str) -> str:
+    requirements = PYPROJECT["project"]["dependencies"] + sum(PYPROJECT["project"]["optional-dependencies"].values(), [])
+    (version,) = {re.split(r"==", requirement)[1] for requirement in requirements
+                  if re.split(r"[=<>;\s\[]", requirement)[0] == name}
+    return version
+
+
+def test_version_comes_from_the_installed_distribution_with_the_pins():
+    result = piped("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (f"vllm-provision {PYPROJECT['project']['version']} "
+                             f"(ansible-core {pin('ansible-core')}, vLLM {pin('vllm')})\n")
+
+
+@pytest.mark.parametrize("typed, offered", [
+    ("provision au", ["audit"]),
+    ("provision a", ["apply", "audit"]),
+    ("provision audit --ju", ["--junit"]),
+])
+def test_bash_completes_command_names_and_options(typed, offered):
+    words = typed.split(" ")
+    result = piped(_PROVISION_COMPLETE="complete_bash", COMP_WORDS=typed, COMP_CWORD=str(len(words) - 1))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == offered
+
+
+def test_show_completion_prints_the_script_for_the_shell():
+    result = piped("--show-completion", "bash")
+    assert result.returncode == 0, result.stderr
+    assert "_PROVISION_COMPLETE=complete_bash" in result.stdout and "complete -o default -F" in result.stdout
+
+
+def test_facts_table_in_a_pipe_keeps_every_cell_whole():
+    result = piped("facts", "--from-recording", str(H200X2))
+    assert result.returncode == 0, result.stderr
+    gpus = json.loads(piped("facts", "--json", "--from-recording", str(H200X2)).stdout)["gpus"]
+    uuids_row = next(row for row in table_rows(result.stdout) if row.startswith("│ UUID"))
+    assert all(gpu["uuid"] in uuids_row for gpu in gpus)  # both UUIDs whole, on the one row
+    assert any("PCIe path PHB, NVLink" in row for row in table_rows(result.stdout))
+
+
+def table_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("│")]
+
+
+def test_plan_tables_in_a_pipe_keep_every_cell_whole(tmp_path):
+    spec = write_spec(tmp_path / "provision.yml", spec_data(
+        hosts=[host(settings={"sysctls": {"net.core.long_one": LONG}})],
+        instances=[instance("chat", 8000, share=0.9, env={"LONG_VALUE": LONG})]))
+    result = piped("plan", "--spec", str(spec))
+    assert result.returncode == 0, result.stderr
+    rows = table_rows(result.stdout)  # (the files shown above the tables hold the value too: not counted)
+    assert any("net.core.long_one" in row and LONG in row for row in rows)  # the sysctls table
+    assert any("LONG_VALUE" in row and LONG in row for row in rows)  # the environment table
+
+
+def test_plan_tables_through_the_test_runner_are_whole_too(tmp_path):
+    spec = write_spec(tmp_path / "provision.yml", spec_data(hosts=[host(settings={"sysctls": {"net.core.long_one": LONG}})],
+                                                            instances=[instance("chat", 8000, share=0.9)]))
+    result = CliRunner().invoke(app, ["plan", "--spec", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert any("net.core.long_one" in row and LONG in row for row in table_rows(result.output))
+
+
+def test_an_audit_table_in_a_file_keeps_every_cell_whole():
+    check = CheckResult(host="ws", check=f"sysctl file: {LONG}", expected=LONG, actual="y" * 150, status="failed", message="")
+    report = HostReport(host="ws", address="192.0.2.20", checks=[check])
+    out = io.StringIO()
+    make_console(file=out).print(host_table(report))
+    row = next(line for line in out.getvalue().splitlines() if "failed" in line and "│" in line)
+    assert f"sysctl file: {LONG}" in row and LONG in row and "y" * 150 in row
+
+
+def test_a_rule_in_a_pipe_stays_80_columns():
+    out = io.StringIO()
+    make_console(file=out).rule("ws4070")
+    assert len(out.getvalue().rstrip("\n")) == 80
+
+
+def test_every_console_of_the_cli_is_made_by_the_console_module():
+    """One way to make a console: a Console(...) anywhere else in the CLI would cut tables in pipes again."""
+    made_elsewhere = [f"{path.name}:{number}" for path in sorted((CONTENT_ROOT / "provisioner" / "cli").glob("*.py"))
+                      if path.name != "console.py"
+                      for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                      if re.search(r"\bConsole\(", line)]
+    assert made_elsewhere == []
