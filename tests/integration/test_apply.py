@@ -1,4 +1,8 @@
-"""`provision apply` against real systemd test hosts (systemd-nspawn, systemd as PID 1, over SSH)."""
+"""`provision apply` against real systemd test hosts (systemd-nspawn, systemd as PID 1, over SSH).
+
+Three hosts serve the module, each with one shared history the tests check a part of (in file order):
+host one gets check mode, apply, apply again, an invalid spec and a reboot; hosts two and three get a
+run with an unreachable host beside them, then one run on both."""
 
 from __future__ import annotations
 
@@ -29,22 +33,84 @@ def get_json(url: str, key: str | None = None) -> dict:
         return json.load(response)
 
 
-def test_apply_converges_then_second_apply_changes_nothing(boot, tmp_path):
-    (host,) = boot(1)
-    install_standin(host)
-    key_file = tmp_path / "chat.key"
-    key_file.write_text("sk-test-secret-123\n")
-    spec = write_spec(
-        tmp_path / "spec.yml",
-        [host_entry(host)],
-        [instance_entry(host, "chat", 8000, share=0.9, api_key_file=str(key_file))],
-    )
+SLOW = {"env": {"STANDIN_STARTUP_DELAY": "2"}}
+KEY = "sk-test-secret-123"
 
-    first = provision("apply", "--spec", str(spec))
+
+@pytest.fixture(scope="module")
+def one(lab, tmp_path_factory):
+    """Host one: three instances sharing its GPU (chat guarded by an API key), from a fresh host:
+    check mode, the CLI's apply, apply again (the library), and an invalid spec refused."""
+    (host,) = lab.boot_many([f"ap{lab.boot_count}"])
+    install_standin(host)
+    folder = tmp_path_factory.mktemp("one")
+    key_file = folder / "chat.key"
+    key_file.write_text(KEY + "\n")
+    spec = write_spec(folder / "spec.yml", [host_entry(host)], [
+        instance_entry(host, "reranker", 8001, share=0.2, **SLOW),
+        instance_entry(host, "embedder", 8002, share=0.2, **SLOW),
+        instance_entry(host, "chat", 8000, share=0.45, api_key_file=str(key_file), **SLOW),
+    ])
+    invalid = write_spec(folder / "invalid.yml", [host_entry(host)],
+                         [instance_entry(host, "a", 8000, share=0.6), instance_entry(host, "b", 8001, share=0.6)])
+    record = {"host": host, "spec": spec, "disk before": disk_state(host)}
+    record["check"] = apply_spec(load_spec(spec), check=True)
+    record["disk after check"] = disk_state(host)
+    record["unit after check"] = host.ssh("test -e /etc/systemd/system/vllm-chat.service", check=False).returncode
+    record["user after check"] = host.ssh("getent passwd vllm", check=False).returncode
+    record["first"] = provision("apply", "--spec", str(spec))
+    record["second"] = apply_spec(load_spec(spec))
+    before = disk_state(host)
+    record["invalid"] = provision("apply", "--spec", str(invalid))
+    record["disk changed by the invalid spec"] = {
+        path: (before.get(path), value) for path, value in disk_state(host).items() if before.get(path) != value}
+    yield record
+    lab.destroy(host)
+
+
+@pytest.fixture(scope="module")
+def one_rebooted(one):
+    one["host"].reboot()
+    return one
+
+
+@pytest.fixture(scope="module")
+def pair(lab, tmp_path_factory):
+    """Hosts two and three: a run on two beside a host nobody answers, then one run on both."""
+    hosts = lab.boot_many([f"ap{lab.boot_count}", f"ap{lab.boot_count + 1}"])
+    for host in hosts:
+        install_standin(host)
+    folder = tmp_path_factory.mktemp("pair")
+    instances = [instance_entry(host, f"chat-{host.name}", 8000) for host in hosts]
+    ghost = host_entry(hosts[0])
+    ghost.update(name="ghost", address=str(lab.network.broadcast_address - 1))  # in our lab, nothing booted there
+    ghost["gpus"]["devices"][0]["uuid"] = "GPU-00000000-1111-2222-3333-999999999999"
+    with_ghost = write_spec(folder / "ghost.yml", [host_entry(hosts[0]), ghost], instances[:1])
+    both = write_spec(folder / "both.yml", [host_entry(host) for host in hosts], instances)
+    record = {"hosts": hosts, "with ghost": provision("apply", "--spec", str(with_ghost))}
+    record["active beside the ghost"] = hosts[0].ssh(f"systemctl is-active vllm-chat-{hosts[0].name}.service").stdout.strip()
+    record["both"] = apply_spec(load_spec(both))
+    yield record
+    for host in hosts:
+        lab.destroy(host)
+
+
+# -- host one --------------------------------------------------------------------------------------
+
+
+def test_check_mode_on_a_fresh_host_changes_nothing(one):
+    assert one["check"].succeeded, one["check"].problems
+    assert one["check"].stats[one["host"].name].changed > 0, "check mode must report what would change"
+    before, after = one["disk before"], one["disk after check"]
+    assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert one["unit after check"] == 1
+    assert one["user after check"] == 2
+
+
+def test_apply_converges_then_second_apply_changes_nothing(one):
+    host, first, second = one["host"], one["first"], one["second"]
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"{host.name}" in first.stdout and "changed" in first.stdout
-
-    second = apply_spec(load_spec(spec))
     assert second.succeeded, second.problems
     assert second.stats[host.name].changed == 0, "second apply must report changed=0"
     assert second.stats[host.name].ok > 10
@@ -71,74 +137,33 @@ def test_apply_converges_then_second_apply_changes_nothing(boot, tmp_path):
     assert process["env"]["VLLM_API_KEY"] == "<set>"
     assert process["user"] != 0
     assert process["argv"][1:] == ["serve", "--config", "/etc/vllm/chat.yaml"]
-    assert process["options"]["gpu_memory_utilization"] == 0.9  # as the server parsed its config file
+    assert process["options"]["gpu_memory_utilization"] == 0.45  # as the server parsed its config file
     # like vLLM, the server guards /v1 with the key
     with pytest.raises(urllib.error.HTTPError, match="401"):
         get_json(f"http://{host.address}:8000/v1/models")
-    models = get_json(f"http://{host.address}:8000/v1/models", key="sk-test-secret-123")
+    models = get_json(f"http://{host.address}:8000/v1/models", key=KEY)
     assert models["data"][0]["id"] == MODEL
 
     # the secret lives only in a 0600 root-owned environment file, never on a command line
     assert host.ssh("stat -c '%a %U' /etc/vllm/chat.env").stdout.strip() == "600 root"
-    assert "VLLM_API_KEY=sk-test-secret-123" in host.ssh("cat /etc/vllm/chat.env").stdout
+    assert f"VLLM_API_KEY={KEY}" in host.ssh("cat /etc/vllm/chat.env").stdout
     assert "sk-test-secret" not in host.ssh(f"systemctl cat {unit}; ps -eo args").stdout
     hardening = host.ssh(f"systemctl show {unit} -p NoNewPrivileges -p ProtectSystem -p PrivateTmp -p Restart").stdout
     assert set(hardening.split()) == {"NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "Restart=on-failure"}
 
 
-def test_check_mode_on_a_fresh_host_changes_nothing(boot, tmp_path):
-    (host,) = boot(1)
-    install_standin(host)
-    spec = write_spec(tmp_path / "spec.yml", [host_entry(host)], [instance_entry(host, "chat", 8000)])
-    before = disk_state(host)
-
-    result = apply_spec(load_spec(spec), check=True)
-
-    assert result.succeeded, result.problems
-    assert result.stats[host.name].changed > 0, "check mode must report what would change"
-    after = disk_state(host)
-    assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
-    assert host.ssh("test -e /etc/systemd/system/vllm-chat.service", check=False).returncode == 1
-    assert host.ssh("getent passwd vllm", check=False).returncode == 2
+def test_invalid_spec_touches_no_host(one):
+    result = one["invalid"]
+    assert result.returncode == 1
+    assert "instances[1].gpu_memory_utilization" in result.stdout + result.stderr
+    assert one["disk changed by the invalid spec"] == {}
 
 
-def test_two_hosts_in_one_run(boot, tmp_path):
-    hosts = boot(2)
-    for host in hosts:
-        install_standin(host)
-    spec = write_spec(
-        tmp_path / "spec.yml",
-        [host_entry(h) for h in hosts],
-        [instance_entry(h, f"chat-{h.name}", 8000) for h in hosts],
-    )
-    result = apply_spec(load_spec(spec))
-    assert result.succeeded, result.problems
-    assert sorted(result.stats) == sorted(h.name for h in hosts)
-    for host in hosts:
-        assert result.stats[host.name].changed > 0
-        assert get_json(f"http://{host.address}:8000/v1/models")["data"][0]["id"] == MODEL
-
-
-def test_instances_sharing_a_gpu_start_one_after_another(boot, tmp_path):
-    (host,) = boot(1)
-    install_standin(host)
-    slow = {"env": {"STANDIN_STARTUP_DELAY": "2"}}
-    spec = write_spec(
-        tmp_path / "spec.yml",
-        [host_entry(host)],
-        [
-            instance_entry(host, "reranker", 8001, share=0.2, **slow),
-            instance_entry(host, "embedder", 8002, share=0.2, **slow),
-            instance_entry(host, "chat", 8003, share=0.45, **slow),
-        ],
-    )
-    result = apply_spec(load_spec(spec))
-    assert result.succeeded, result.problems
-
+def test_instances_sharing_a_gpu_start_one_after_another(one_rebooted):
+    host = one_rebooted["host"]
     after = host.ssh("systemctl show -p After vllm-chat.service").stdout
     assert "vllm-reranker.service" in after and "vllm-embedder.service" in after
-    # after a reboot systemd starts all three itself: each must start only once the previous is ready
-    host.reboot()
+    # after the reboot systemd started all three itself: each only once the previous was ready
     times = {}
     for name in ("reranker", "embedder", "chat"):
         shown = host.ssh(
@@ -149,48 +174,31 @@ def test_instances_sharing_a_gpu_start_one_after_another(boot, tmp_path):
     assert int(times["chat"]["ExecMainStartTimestampMonotonic"]) >= int(times["embedder"]["ActiveEnterTimestampMonotonic"])
 
 
-def test_state_survives_a_reboot(boot, tmp_path):
-    (host,) = boot(1)
-    install_standin(host)
-    spec = write_spec(tmp_path / "spec.yml", [host_entry(host)], [instance_entry(host, "chat", 8000)])
-    assert apply_spec(load_spec(spec)).succeeded
-
-    host.reboot()
-
+def test_state_survives_a_reboot(one_rebooted):
+    host = one_rebooted["host"]
     assert host.ssh("systemctl is-active vllm-chat.service").stdout.strip() == "active"
     assert host.ssh("findmnt -n -b -o SIZE /dev/shm").stdout.strip() == str(1024**3)
     assert "vm.swappiness = 1" in host.ssh("cat /etc/sysctl.d/60-vllm-provision.conf").stdout
     assert get_json(f"http://{host.address}:8000/health") == {}
-    assert apply_spec(load_spec(spec)).stats[host.name].changed == 0
+    assert apply_spec(load_spec(one_rebooted["spec"])).stats[host.name].changed == 0
 
 
-def test_invalid_spec_touches_no_host(boot, tmp_path):
-    (host,) = boot(1)
-    install_standin(host)
-    spec = write_spec(
-        tmp_path / "spec.yml",
-        [host_entry(host)],
-        [instance_entry(host, "a", 8000, share=0.6), instance_entry(host, "b", 8001, share=0.6)],
-    )
-    before = disk_state(host)
-
-    result = provision("apply", "--spec", str(spec))
-
-    assert result.returncode == 1
-    assert "instances[1].gpu_memory_utilization" in result.stdout + result.stderr
-    assert disk_state(host) == before
+# -- hosts two and three ---------------------------------------------------------------------------
 
 
-def test_unreachable_host_fails_the_run_and_the_other_host_is_still_applied(boot, lab, tmp_path):
-    (host,) = boot(1)
-    install_standin(host)
-    ghost = host_entry(host)
-    ghost.update(name="ghost", address=str(lab.network.broadcast_address - 1))  # in our lab, nothing booted there
-    ghost["gpus"]["devices"][0]["uuid"] = "GPU-00000000-1111-2222-3333-999999999999"
-    spec = write_spec(tmp_path / "spec.yml", [host_entry(host), ghost], [instance_entry(host, "chat", 8000)])
-
-    result = provision("apply", "--spec", str(spec))
-
+def test_unreachable_host_fails_the_run_and_the_other_host_is_still_applied(pair):
+    result = pair["with ghost"]
     assert result.returncode == 1
     assert "ghost" in result.stdout and "unreachable" in result.stdout.lower()
-    assert host.ssh("systemctl is-active vllm-chat.service").stdout.strip() == "active"
+    assert pair["active beside the ghost"] == "active"
+
+
+def test_two_hosts_in_one_run(pair):
+    """The second host is new; the first was applied beside the ghost, so only the second changes."""
+    result, (first, second) = pair["both"], pair["hosts"]
+    assert result.succeeded, result.problems
+    assert sorted(result.stats) == sorted([first.name, second.name])
+    assert result.stats[first.name].changed == 0
+    assert result.stats[second.name].changed > 0
+    for host in (first, second):
+        assert get_json(f"http://{host.address}:8000/v1/models")["data"][0]["id"] == MODEL
