@@ -31,6 +31,7 @@ from tests.lab.rootfs import SUITE, ensure_rootfs
 
 CGROUP_HIERARCHIES = ("systemd", "unified")
 CGROUP_PREFIX = "vp-lab-"
+REBOOT_POLL_TIMEOUT_S = 20  # one "are you back?" ssh while a host reboots
 NSPAWN_REBOOT_EXIT = 133  # systemd-nspawn's exit status when the container asked to reboot
 
 # The supervisor keeps a host "powered": it restarts nspawn when the container
@@ -132,9 +133,13 @@ class TestHost:
         self.ssh("systemctl reboot", check=False)
         while time.monotonic() - started < timeout:
             time.sleep(0.2)
-            result = subprocess.run(
-                self.ssh_command("cat /proc/sys/kernel/random/boot_id"), capture_output=True, text=True
-            )
+            try:  # a connection made while the host shuts down can hang for good (qemu's user network)
+                result = subprocess.run(
+                    self.ssh_command("cat /proc/sys/kernel/random/boot_id"), capture_output=True, text=True,
+                    timeout=REBOOT_POLL_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:
+                continue
             if result.returncode == 0 and result.stdout.strip() != boot_id:
                 self.wait_for_ssh(timeout)
                 return time.monotonic() - started
