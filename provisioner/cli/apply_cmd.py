@@ -35,10 +35,8 @@ class Output:
 
     def __init__(self, to_stderr: bool = False):
         self.consoles = [make_console(stderr=to_stderr)]
-        self.log: RunLog | None = None
 
     def keep_log(self, log: RunLog) -> None:
-        self.log = log
         self.consoles.append(make_console(file=log))  # not a terminal: no colours, no line cut
 
     def print(self, *objects, **options) -> None:

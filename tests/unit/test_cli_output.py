@@ -19,7 +19,7 @@ from provisioner.audit.report import host_table
 from provisioner.audit.runner import CheckResult, HostReport
 from provisioner.cli.console import make_console
 from provisioner.cli.main import app
-from provisioner.paths import CONTENT_ROOT
+from provisioner.paths import PACKAGE_DIR
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 PROVISION = Path(sys.executable).with_name("provision")  # the installed entry point
@@ -116,7 +116,7 @@ def test_a_rule_in_a_pipe_stays_80_columns():
 
 def test_every_console_of_the_cli_is_made_by_the_console_module():
     """One way to make a console: a Console(...) anywhere else in the CLI would cut tables in pipes again."""
-    made_elsewhere = [f"{path.name}:{number}" for path in sorted((CONTENT_ROOT / "provisioner" / "cli").glob("*.py"))
+    made_elsewhere = [f"{path.name}:{number}" for path in sorted((PACKAGE_DIR / "cli").glob("*.py"))
                       if path.name != "console.py"
                       for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                       if re.search(r"\bConsole\(", line)]
