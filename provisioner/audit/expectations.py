@@ -5,7 +5,7 @@ Spec mode: per host, the roles' variables (`plan.role_defaults()` overlaid with 
 templates render (`build_plan(spec)`). Nothing here states an expected value of its own.
 
 Profile mode (a server we did not build): the values of a profile (profiles/<name>.yml) in the same
-variable shapes, and its rules applied to each vLLM unit and container that discovery found.
+variable shapes, and its rules applied to each vLLM unit, container and bare process that discovery found.
 
 An expectation is either a plain value (the actual value must equal it) or a rule
 `{"expected": "what a person reads", "pattern": "a regular expression the actual value must match"}`.
@@ -15,7 +15,6 @@ A target is plain JSON data: the suite reads it in its own pytest process.
 from __future__ import annotations
 
 import hashlib
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,17 +22,22 @@ from typing import Any
 
 import yaml
 
+from provisioner.module_utils import systemd_dropins
 from provisioner.inventory import build_inventory
 from provisioner.plan import (
     ENV_TEMPLATE,
+    UNIT_TEMPLATES,
     HostPlan,
     PlannedUnit,
     build_plan,
     find_task_args,
     render_role_file,
+    render_string,
     role_defaults,
     unit_environment,
 )
+from provisioner.paths import role_dir
+from provisioner.audit.processes import is_vllm_command  # noqa: F401 (defined there: the host's process scan runs it too)
 from provisioner.audit.text import sysctl_settings
 from provisioner.secrets import redact_environment, shown_command
 from provisioner.spec import Host, Spec
@@ -109,6 +113,9 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "nouveau": nouveau,
         "shm": shm,
         "gpu": gpu_expectations(variables, variables["nvidia_gpu_devices"]) if variables["nvidia_gpu_devices"] else None,
+        "gpu_boot_unit": gpu_boot_unit_expectations(variables) if variables["nvidia_gpu_devices"] else None,
+        "vllm_install": vllm_install_expectations(variables),
+        "managed_files": managed_files(variables, plan),
         "units": [
             unit_expectations(variables, unit, entry)
             for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if not entry["container"]
@@ -175,6 +182,8 @@ def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: di
         "properties": shown_properties(service),
         "environment": unit_environment(planned.unit.content),
         "command_line": shown_command(argv),
+        # what a drop-in must not change (plugins/module_utils/systemd_dropins.py, shared with the role)
+        "managed": systemd_dropins.managed_settings(planned.unit.content),
         "env_file": env_file_expectations(variables, planned, entry),
         "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
         **serving_expectations(argv, config),
@@ -268,6 +277,111 @@ def env_file_sha256(variables: dict[str, Any], entry: dict[str, Any]) -> str:
     return hashlib.sha256(content.encode()).hexdigest()
 
 
+# --------------------------------------------------------------------------- spec mode: what the roles leave on the host
+
+GPU_UNIT_TEMPLATE = "nvidia-gpu-limits.service.j2"
+GPU_CONFIG_TEMPLATE = "nvidia-gpu-limits.conf.j2"
+GPU_SCRIPT = "nvidia-gpu-limits"  # roles/nvidia_gpu/files/
+VLLM_SERVICE_FILES = ("wait-ready", "vllm-check-args.py")  # roles/vllm_service/files/, installed on every host
+COMPOSE_BOOT_TEMPLATE = "vllm-instance.compose.service.j2"
+
+
+def gpu_boot_unit_expectations(variables: dict[str, Any]) -> dict[str, Any]:
+    """The nvidia_gpu role's boot unit: its name (its template task's dest), the unit file state the
+    role's systemd_service task sets, and the state a successful run leaves (a oneshot with
+    RemainAfterExit=yes stays active after it succeeded; without it, it goes back to inactive)."""
+    unit = render_role_file("nvidia_gpu", GPU_UNIT_TEMPLATE, variables)
+    name = Path(unit.path).name
+    task = find_task_args("nvidia_gpu", "systemd_service", lambda args: args.get("name") == name and "enabled" in args)
+    service = dict(unit_settings(unit.content, "Service"))
+    remains = service.get("RemainAfterExit", "no").lower() in ("yes", "true", "on", "1")
+    return {
+        "name": name,
+        "fragment": unit.path,
+        "enabled": "enabled" if task["enabled"] else "disabled",
+        "type": service.get("Type", "simple"),
+        "active_after_success": "active" if remains else "inactive",
+    }
+
+
+def vllm_install_expectations(variables: dict[str, Any]) -> dict[str, str] | None:
+    """The vLLM version the vllm_install role pins and the venv it installs it in (the role's own
+    `_vllm_install_venv`); None where the role does not run (site.yml: every instance in a container)."""
+    if not variables.get("vllm_install_enabled", True):
+        return None
+    venv = render_string(role_vars("vllm_install")["_vllm_install_venv"], variables)
+    return {"venv": venv, "version": str(variables["vllm_install_version"])}
+
+
+def role_vars(role: str) -> dict[str, Any]:
+    return yaml.safe_load((role_dir(role) / "vars" / "main.yml").read_text(encoding="utf-8")) or {}
+
+
+def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, Any]]:
+    """The files the `file PATH` rows compare (provisioner/audit/suite/test_managed_files.py says which
+    and why), in the order the roles write them: each with its path, `owner:group` and mode (the role's
+    own task), its rendered content, and:
+    - `render` instead of content for the GPU settings file: its content holds the power limits the
+      module resolved on the cards ('max' → watts), rendered by the suite from the GPUs it reads;
+    - `skip` for a venv instance's unit: the [Service] lines that rows of their own read as systemd
+      runs them (`UNIT: SETTING`, `UNIT: ExecStart`, `UNIT: Environment NAME`), left out here;
+    - `unit` for a unit file (a venv instance's, the GPU boot unit): its name, so that a unit systemd
+      did not load (masked, gone) is left to the unit's own row."""
+    files = []
+    if variables["nvidia_gpu_devices"]:
+        files.append(copied_file("nvidia_gpu", GPU_SCRIPT, variables))
+        config = find_task_args("nvidia_gpu", "template", lambda args: args.get("src") == GPU_CONFIG_TEMPLATE)
+        files.append({
+            "path": render_string(config["dest"], variables), "role": "nvidia_gpu",
+            "owner": f"{config['owner']}:{config['group']}", "mode": config["mode"], "content": None, "skip": None,
+            "render": {
+                "template": GPU_CONFIG_TEMPLATE,
+                "variables": {name: variables[name] for name in (
+                    "nvidia_gpu_persistence_mode", "nvidia_gpu_apply_script", "nvidia_gpu_config_file")},
+                "devices": variables["nvidia_gpu_devices"],
+            },
+        })
+        boot_unit = render_role_file("nvidia_gpu", GPU_UNIT_TEMPLATE, variables)
+        files.append({**rendered_file(boot_unit, GPU_UNIT_TEMPLATE), "unit": Path(boot_unit.path).name})
+    files += [copied_file("vllm_service", name, variables) for name in VLLM_SERVICE_FILES]
+    for planned, entry in zip(plan.units, variables["vllm_service_instances"]):
+        engine = (entry.get("container") or {}).get("engine")
+        if engine:
+            files.append(rendered_file(planned.unit, UNIT_TEMPLATES[engine]))
+        else:
+            files.append({**rendered_file(planned.unit, UNIT_TEMPLATES[engine], unit_rows_lines(planned.unit.content)),
+                          "unit": Path(planned.unit.path).name})
+        if planned.boot_unit:
+            files.append(rendered_file(planned.boot_unit, COMPOSE_BOOT_TEMPLATE))
+    return files
+
+
+def rendered_file(planned: Any, template: str, skip: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A file a role's template task writes (owner and group: that task's)."""
+    task = find_task_args(planned.role, "template", lambda args: args.get("src") == template)
+    return {"path": planned.path, "role": planned.role, "owner": f"{task['owner']}:{task['group']}",
+            "mode": planned.mode, "content": planned.content, "skip": skip}
+
+
+def copied_file(role: str, source: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """A file a role's copy task installs from its files/ folder, byte for byte."""
+    task = find_task_args(role, "copy", lambda args: args.get("src") == source)
+    return {"path": render_string(task["dest"], variables), "role": role, "owner": f"{task['owner']}:{task['group']}",
+            "mode": task["mode"], "content": (role_dir(role) / "files" / source).read_text(encoding="utf-8"), "skip": None}
+
+
+def unit_rows_lines(content: str) -> dict[str, Any]:
+    """The lines of a venv instance's unit that its own rows check (as `systemctl show` reports them): every
+    [Service] key but the CHECKED_APART ones, ExecStart, and Environment= lines that set only variables
+    the `Environment NAME` rows check (a line setting another variable stays in the file's row)."""
+    service = unit_settings(content, "Service")
+    return {
+        "section": "Service",
+        "keys": sorted({key for key, _ in service if key not in CHECKED_APART} | {"ExecStart"}),
+        "environment": sorted(unit_environment(content)),
+    }
+
+
 # --------------------------------------------------------------------------- the vllm serve command line
 
 
@@ -341,7 +455,8 @@ def profile_variables(profile: dict[str, Any]) -> dict[str, Any]:
 
 
 def profile_expectations(profile: dict[str, Any], discovered: dict[str, Any]) -> dict[str, Any]:
-    """The profile's values for the host, and its unit rules applied to each discovered vLLM unit."""
+    """The profile's values for the host, its unit rules applied to each discovered vLLM unit and
+    container, and each running server's rows and each GPU's memory shares (profile_servers)."""
     variables = profile_variables(profile)
     rules = profile["unit"]
     indexes = discovered["gpus"]["indexes"]
@@ -355,8 +470,10 @@ def profile_expectations(profile: dict[str, Any], discovered: dict[str, Any]) ->
         "units": [profile_unit(unit, rules) for unit in discovered["units"]],
         "containers": {
             "tools": discovered["container_tools"],
-            "found": [profile_container(container, rules) for container in discovered["containers"]],
+            "found": [profile_container(container, rules, discovered.get("servers", []))
+                      for container in discovered["containers"]],
         },
+        **profile_servers(discovered, rules),
     }
 
 
@@ -367,14 +484,21 @@ def profile_unit(unit: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
         "properties": rules["properties"],
         "environment": rules["environment"],
         "command_line": rules["command_line"],
+        "managed": None,  # a unit we did not write: its drop-ins are reported, not judged
         **serving_expectations(unit["argv"], unit.get("config")),
     }
 
 
-def profile_container(container: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
-    """A discovered container: what was read (secrets left out) and the rules that apply to it."""
+def profile_container(container: dict[str, Any], rules: dict[str, Any],
+                      servers: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """A discovered container: what was read (secrets left out) and the rules that apply to it. Its
+    /dev/shm: the size its server process sees where the process scan found it (with --ipc=host the
+    host's, whatever ShmSize says), else docker's ShmSize."""
+    server = next((found for found in servers if found.get("name") == f"container {container['name']}"), None)
+    seen = server.get("shm_bytes") if server else None
     return {
-        **{key: container[key] for key in ("name", "tool", "image", "ports", "shm_bytes")},
+        **{key: container[key] for key in ("name", "tool", "image", "ports")},
+        "shm_bytes": seen if seen is not None else container["shm_bytes"],
         # only the variables the rules ask about, and the command line with secret flags redacted
         "environment": redact_environment(
             {name: value for name, value in container["environment"].items() if name in rules["environment"]}),
@@ -383,8 +507,144 @@ def profile_container(container: dict[str, Any], rules: dict[str, Any]) -> dict[
     }
 
 
-def is_vllm_command(argv: list[str]) -> bool:
-    """`vllm serve …` (any path to vllm) or `python -m vllm.entrypoints…`."""
-    words = [Path(word).name for word in argv]
-    serves = any(word == "vllm" and after == "serve" for word, after in zip(words, words[1:]))
-    return serves or any(re.match(r"vllm\.entrypoints\b", word) for word in argv)
+# --------------------------------------------------------------------------- profile mode: the servers running
+
+SUPERVISED = "a systemd unit or a container (restarts after a crash and a reboot)"
+NOT_ROOT = "a dedicated user, not root"
+BIND = "one address, or every interface only with an API key"
+SHARES = "the --gpu-memory-utilization of the vLLM servers on it add up to at most 1.0"
+VLLM_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization
+RESTARTING_POLICIES = ("always", "unless-stopped", "on-failure")
+
+
+def profile_servers(discovered: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
+    """Every vLLM server running (unit, container or bare process: discovery's `servers`) with what
+    its rows compare, and each GPU with the servers' memory shares on it. Names: a unit's name
+    (`my-llm.service`), `container NAME`, `process PID` (a bare process: it has no other name)."""
+    servers = [profile_server(server, rules) for server in discovered.get("servers", [])]
+    shares = {server["name"]: server["share"] for server in servers}
+    return {
+        "processes": {"problem": discovered.get("processes_problem"),
+                      "bare": [f"{server['name']} ({server['where']})" for server in servers if server["kind"] == "process"]},
+        "servers": servers,
+        "gpu_cards": [gpu_card_shares(card, shares) for card in discovered.get("gpu_cards", [])],
+    }
+
+
+def profile_server(server: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
+    """One running server: its rows' expected and actual (command line redacted; of its environment only
+    the CUDA variables the rules ask about: the process scan reads no other)."""
+    argv, config = server["cmdline"], server.get("config") or {}
+    options = {**config_options(config), **command_options(argv)}
+    serving = serving_expectations(argv, config)
+    share, source = memory_share(options)
+    container = server.get("container") or {}
+    supervised, where = supervision_verdict(server)
+    return {
+        "name": server["name"],
+        "kind": server["kind"],
+        "pid": server["pid"],
+        "where": where,
+        "supervised": supervised,
+        "user": {"actual": f"{server['user']} (uid {server['uid']})", "passed": server["uid"] != 0},
+        "bind": bind_verdict(serving["listen"], container.get("ports"), bool(
+            options.get("--api-key") or server.get("api_key_in_environment"))),
+        "command_line": shown_command(argv),
+        "environment": redact_environment({name: value for name, value in (server.get("environment") or {}).items()
+                                           if name in rules["environment"]}),
+        "rules": {"environment": rules["environment"], "command_line": rules["command_line"]},
+        "listen": serving["listen"],
+        "shm": {"bytes": server.get("shm_bytes"), "hosts": server.get("host_shm") is not False},
+        "ipc": ipc_text(server),
+        "gpus": server.get("gpus", []),
+        "share": share,
+        "share_source": source,
+    }
+
+
+def memory_share(options: dict[str, list[str]]) -> tuple[float, str]:
+    """(--gpu-memory-utilization, where it comes from): the command line, else its --config file, else vLLM's default."""
+    values = options.get("--gpu-memory-utilization") or []
+    try:
+        return float(values[0]), "--gpu-memory-utilization"
+    except (IndexError, ValueError):
+        return VLLM_MEMORY_SHARE, "vLLM's default"
+
+
+def supervision_verdict(server: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """({"passed", "actual"} of `SERVER: supervised`, where it runs in words). A unit passes (its own rows
+    check Restart=); a container passes with a restart policy that brings it back (or a unit running it);
+    a bare process fails: nothing brings it back after a crash or a reboot."""
+    placed, kind = server["supervision"], server["kind"]
+    if kind == "unit":
+        return {"passed": True, "actual": f"systemd unit {server['name']}"}, f"unit {server['name']}"
+    if kind == "container":
+        container = server.get("container") or {}
+        units = [part for part in placed["cgroup"].split("/") if part.endswith(".service")]
+        name = server["name"].removeprefix("container ")
+        if units:
+            return {"passed": True, "actual": f"{container.get('tool', '')} container {name}, run by unit {units[-1]}"}, units[-1]
+        policy = container.get("restart") or "no"
+        actual = f"{container.get('tool', '')} container {name}, restart policy {policy}"
+        if policy in RESTARTING_POLICIES:
+            return {"passed": True, "actual": actual}, actual
+        return {"passed": False, "actual": f"{actual}: it comes back neither after a crash nor at boot — "
+                                           "--restart unless-stopped, or run it from a unit"}, actual
+    if placed["kind"] == "user unit":
+        where = f"user unit {placed['name']} of {placed['manager']}"
+        return {"passed": False, "actual": f"{where}: it starts at boot only if that user lingers — "
+                                           "run it as a system unit"}, where
+    where = {"session": placed["name"], "scope": placed["name"], "unit": f"started by {placed['name']}",
+             "container": f"container {placed['name'][:12]}, not one docker or podman lists"}.get(
+        placed["kind"], f"cgroup {placed['cgroup'] or '(unknown)'}")
+    where = ", ".join([*server.get("via", []), where])
+    return {"passed": False, "actual": f"bare process {server['pid']} ({where}): nothing restarts it after a crash "
+                                       "or a reboot — run it as a unit"}, where
+
+
+def bind_verdict(listen: str, published: list[str] | None, has_key: bool) -> dict[str, Any]:
+    """`SERVER: bind address`. Listening on every interface (0.0.0.0, ::, no --host) is how a server
+    behind a firewall or a load balancer is often run, and fine while /v1 asks for an API key; on
+    every interface with no key, anyone who reaches the port can use the GPU: that fails. Where the
+    key is given (command line or environment) is judged by the command-line rows, not here. A
+    container: the addresses docker publishes its ports on (what it listens on inside is its own)."""
+    addresses = [entry.split("->")[0] for entry in published] if published is not None else [listen]
+    if published is not None and not published:
+        return {"passed": True, "actual": "no port published"}
+    shown = ", ".join(addresses)
+    open_to_all = [address for address in addresses if address.rsplit(":", 1)[0] in (*ANY_ADDRESS, "[::]")]
+    if not open_to_all:
+        return {"passed": True, "actual": shown}
+    port = open_to_all[0].rsplit(":", 1)[1]
+    if has_key:
+        return {"passed": True, "actual": f"{shown}: every interface, /v1 needs the API key"}
+    return {"passed": False, "actual": f"{shown}: every interface and no API key — anyone who reaches port {port} can use it"}
+
+
+def ipc_text(server: dict[str, Any]) -> str:
+    container = server.get("container")
+    if container is not None and container.get("ipc"):
+        return f"IPC mode {container['ipc']}"
+    return {True: "the host's IPC namespace", False: "its own IPC namespace"}.get(server.get("host_ipc"), "unknown")
+
+
+def gpu_card_shares(card: dict[str, Any], shares: dict[str, float]) -> dict[str, Any]:
+    """`GPU N: memory shares`: the shares of the servers holding memory on the card, their sum (at most
+    1.0: each server takes its share of the whole card, so more than that cannot all fit), the memory
+    they hold and the card's used and total memory."""
+    servers = list(dict.fromkeys(app["server"] for app in card["apps"] if app["server"]))
+    held = {name: sum(app["mib"] for app in card["apps"] if app["server"] == name) for name in servers}
+    total = round(sum(shares[name] for name in servers), 4)
+    parts = [f"{name} {shares[name]:.2f} ({held[name]} MiB)" for name in servers]
+    others = [f"pid {app['pid']} ({app['comm'] or '?'}) {app['mib']} MiB, no vLLM server's" for app in card["apps"]
+              if not app["server"]]
+    memory = f"{card['used_mib']} of {card['total_mib']} MiB used"
+    if card.get("apps_problem"):  # which servers hold memory there is not known: nothing to add up
+        return {"index": card["index"], "uuid": card["uuid"], "actual": f"not read: {card['apps_problem']}; {memory}",
+                "passed": False, "sum": None}
+    if servers:
+        actual = f"{' + '.join(parts)} = {total:.2f}; {memory}"
+    else:
+        actual = f"no vLLM server on it; {memory}"
+    return {"index": card["index"], "uuid": card["uuid"], "actual": "; ".join([actual, *others]),
+            "passed": total <= 1.0 + 1e-9, "sum": total}

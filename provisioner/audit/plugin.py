@@ -1,9 +1,9 @@
 """The pytest plugin of the audit suite: each check's host, name, expected, actual and status.
 
-Loaded with `-p provisioner.audit.plugin`. Writes every check's result to --audit-results (JSON)
-and, as checks finish, one progress line per check on stderr (`@@audit {...}`), which the runner
-reads to move its progress bar. Status: passed, failed (the host drifted), n/a (a skip whose
-reason starts with "not applicable:"), error (the check could not run).
+Loaded with `-p provisioner.audit.plugin`. Writes every check's result, with its time (setup and call,
+in seconds), to --audit-results (JSON) and, as checks finish, one progress line per check on stderr
+(`@@audit {...}`), which the runner reads to move its progress bar. Status: passed, failed (the host
+drifted), n/a (a skip whose reason starts with "not applicable:"), error (the check could not run).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from provisioner.audit.checks import NOT_APPLICABLE
 from provisioner.audit.text import PROGRESS_PREFIX
 
 RESULTS = pytest.StashKey[list]()
+SETUP_SECONDS = pytest.StashKey[float]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,14 +53,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
+    if report.when == "setup":
+        item.stash[SETUP_SECONDS] = report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        result = check_result(item, report, call)
+        # the check's time: its setup (a host's first check waits there for the host's facts) and its call
+        seconds = item.stash.get(SETUP_SECONDS, 0.0) + (report.duration if report.when == "call" else 0.0)
+        result = check_result(item, report, call, seconds)
         item.config.stash[RESULTS].append(result)
         emit({"check": result})
     return report
 
 
-def check_result(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo) -> dict[str, Any]:
+def check_result(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo,
+                 seconds: float) -> dict[str, Any]:
     recorded = dict(item.user_properties)
     status, message = "passed", ""
     if report.skipped:
@@ -79,6 +85,7 @@ def check_result(item: pytest.Item, report: pytest.TestReport, call: pytest.Call
         "actual": recorded.get("actual", "" if status != "error" else message),
         "status": status,
         "message": message,
+        "seconds": round(seconds, 6),
     }
 
 

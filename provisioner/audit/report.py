@@ -1,4 +1,5 @@
-"""The audit's reports: a Rich table per host, JUnit XML (n/a as skipped) and JSON."""
+"""The audit's reports: a Rich table per host, JUnit XML (n/a as skipped) and JSON; both files hold every
+check's expected, actual, status and time."""
 
 from __future__ import annotations
 
@@ -33,11 +34,23 @@ def summary(report: HostReport) -> str:
     return f"{report.status}: {counts or 'no checks'}"
 
 
+def timing(report: HostReport) -> str:
+    """' (connected in 0.4 s, 54 checks in 23 ms)' for a host the audit reached; '' for one it did not time."""
+    if report.connect_seconds is None:
+        return ""
+    checks = f", {len(report.checks)} checks in {duration(report.check_seconds)}" if report.checks else ""
+    return f" (connected in {duration(report.connect_seconds)}{checks})"
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
 def host_table(report: HostReport, every_check: bool = False) -> Table | Text:
     """The host's checks that did not pass (every check with `every_check`) under its summary line;
     the summary line alone when there are none to show."""
     report = redacted(report)
-    title = f"{report.host} ({report.address}) — {summary(report)}"
+    title = f"{report.host} ({report.address}) — {summary(report)}{timing(report)}"
     shown = [check for check in report.checks if every_check or check.status in ("failed", "error")]
     if not shown:
         return Text(title, style="green" if report.status == "passed" else "")
@@ -55,15 +68,26 @@ def write_junit(reports: dict[str, HostReport], path: Path) -> None:
 
 
 def junit_text(reports: dict[str, HostReport]) -> str:
-    """One <testsuite> per host, one <testcase> per check; a host that could not run: one errored case."""
+    """One <testsuite> per host, one <testcase> per check with its time and, for every check (passed and
+    reported ones too), <properties> expected, actual and status; a host that could not run: one errored
+    case. The suite's time is the sum of its cases'; its connect time is a suite property."""
     suites = ElementTree.Element("testsuites", name="provision audit")
     for report in map(redacted, reports.values()):
         suite = ElementTree.SubElement(suites, "testsuite", name=report.host, hostname=report.address)
+        if report.connect_seconds is not None:
+            properties = ElementTree.SubElement(suite, "properties")
+            ElementTree.SubElement(properties, "property", name="connect_seconds",
+                                   value=seconds_text(report.connect_seconds))
         if report.error is not None:
-            case = ElementTree.SubElement(suite, "testcase", classname=report.host, name="connect")
+            case = ElementTree.SubElement(suite, "testcase", classname=report.host, name="connect",
+                                          time=seconds_text(report.connect_seconds or 0.0))
             ElementTree.SubElement(case, "error", message=report.error)
         for check in report.checks:
-            case = ElementTree.SubElement(suite, "testcase", classname=report.host, name=check.check)
+            case = ElementTree.SubElement(suite, "testcase", classname=report.host, name=check.check,
+                                          time=seconds_text(check.seconds))
+            properties = ElementTree.SubElement(case, "properties")
+            for name in ("expected", "actual", "status"):
+                ElementTree.SubElement(properties, "property", name=name, value=getattr(check, name))
             if check.status == "failed":
                 ElementTree.SubElement(case, "failure", message=f"expected {check.expected}, actual {check.actual}")
             elif check.status == "error":
@@ -74,8 +98,15 @@ def junit_text(reports: dict[str, HostReport]) -> str:
         suite.set("tests", str(len(cases)))
         for kind, attribute in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
             suite.set(attribute, str(sum(case.find(kind) is not None for case in cases)))
+        suite.set("time", seconds_text(sum(float(case.get("time")) for case in cases)))
+    suites.set("time", seconds_text(sum(float(suite.get("time")) for suite in suites)))
     ElementTree.indent(suites)
     return "<?xml version='1.0' encoding='utf-8'?>\n" + ElementTree.tostring(suites, encoding="unicode") + "\n"
+
+
+def seconds_text(seconds: float) -> str:
+    """A time as JUnit's time= attributes hold it: seconds, to the millisecond."""
+    return f"{seconds:.3f}"
 
 
 def write_json(reports: dict[str, HostReport], path: Path) -> None:
@@ -83,8 +114,12 @@ def write_json(reports: dict[str, HostReport], path: Path) -> None:
 
 
 def json_text(reports: dict[str, HostReport]) -> str:
+    """The exit code; per host its status, connect_seconds, check_seconds (the sum of its checks') and every
+    check with its expected, actual, status, message and seconds."""
     data = {
         "exit_code": exit_code(reports),
-        "hosts": {name: {**asdict(redacted(report)), "status": report.status} for name, report in reports.items()},
+        "hosts": {name: {**asdict(redacted(report)), "status": report.status,
+                         "check_seconds": round(report.check_seconds, 3)}
+                  for name, report in reports.items()},
     }
     return json.dumps(data, indent=2) + "\n"

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class CheckResult:
     status: str  # passed | failed | n/a | error | skipped
     message: str = ""
     id: str = ""
+    seconds: float = 0.0  # the check's setup and call (a host's first check also waits for its facts)
 
 
 @dataclass
@@ -59,6 +61,11 @@ class HostReport:
     address: str
     checks: list[CheckResult] = field(default_factory=list)
     error: str | None = None  # set when the audit could not run on this host
+    connect_seconds: float | None = None  # host key check, ssh master, discovery (profile mode)
+
+    @property
+    def check_seconds(self) -> float:
+        return sum(check.seconds for check in self.checks)
 
     def count(self, status: str) -> int:
         return sum(check.status == status for check in self.checks)
@@ -95,12 +102,14 @@ def audit_hosts(
         config.write_text("".join(ssh_config_block(target.name, target.connection) for target in targets))
 
         def prepare(target: Target) -> None:
+            started = time.monotonic()
             connection = target.connection
             host_key = check_host(target.name, connection.address, connection.port, connection.known_hosts,
                                   trust_command(spec_path, target.name))
             reports[target.name].error = host_key.reason() or connect(target.name, config)
             if reports[target.name].error is None and profile is not None:
                 reports[target.name].error = discover_into(target, config, profile)
+            reports[target.name].connect_seconds = round(time.monotonic() - started, 3)
             notify(target.name, "connected", reports[target.name].error)
 
         with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from provisioner.gpu.facts import Gpu, GpuFacts
-from provisioner.gpu.shared import gpu_settings
+from provisioner.module_utils import gpu_settings
 
 # Active reasons that do not hold a working GPU back.
 HARMLESS_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from provisioner.gpu.shared import gpu_facts
+from provisioner.module_utils import gpu_facts
 
 SmiError = gpu_facts.SmiError
 QUERY_FIELDS = gpu_facts.QUERY_FIELDS

@@ -6,6 +6,9 @@ query-gpu.csv, and topo-m.txt / topo-p2p-r.txt / topo-p2p-w.txt for several GPUs
 state so that what the tests set sticks:
 
   --query-gpu=F1,F2,... --format=csv[,noheader][,nounits] [-i GPU]   the fixture's columns, from the state
+  --query-compute-apps=pid,used_memory,gpu_uuid,... --format=csv[,noheader][,nounits]
+                            the processes holding GPU memory (below), in the recorded format
+                            (tests/fixtures/gpu/h200-processes/record.json)
   [-i GPU] -pm 0|1          persistence mode          [-i GPU] -pl WATTS   power limit (within min..max)
   topo -m | topo -p2p r|w   the fixture's matrices    -L                   the GPUs
   (GPU: an index, a UUID or a PCI bus id)
@@ -15,6 +18,13 @@ comes up at its default (here: the fixture's) settings — so tests see whether 
 re-applies the limits. Every call is appended to a log (argv, exit status, boot id) that the
 tests read to assert what the module and the boot unit ran. With a file FAIL_AT_BOOT holding N,
 the first N calls of each boot fail as nvidia-smi does before the driver is loaded.
+
+Compute processes: the stand-in vLLM server (tests/doubles/vllm_package) starts a child named
+`VLLM::EngineCore`, as real vLLM does, whose command line declares what it would hold:
+`standin-gpu=CUDA_VISIBLE_DEVICES standin-count=N standin-share=S`. Each such process of the host
+(read from /proc) holds S × the card's memory.total (at most what is still free) on the first N of
+those GPUs (all GPUs when CUDA_VISIBLE_DEVICES is empty), and memory.used adds it up: nothing to set,
+the processes that run are the state.
 
 Standard library only (the test hosts have no network). The functions at the end (install,
 recorded_calls, standin_state) run on the test machine, not on the hosts.
@@ -116,7 +126,97 @@ def select(state, selector):
     raise Failure("No devices were found matching the -i value %r" % selector, 6)
 
 
+ENGINE_CORE = "VLLM::EngineCore"
+PROC = "/proc"
+# --query-compute-apps fields: name → (header, unit)
+COMPUTE_FIELDS = {
+    "pid": ("pid", None), "process_name": ("process_name", None), "name": ("process_name", None),
+    "used_memory": ("used_gpu_memory", "MiB"), "used_gpu_memory": ("used_gpu_memory", "MiB"),
+    "gpu_uuid": ("gpu_uuid", None), "gpu_bus_id": ("gpu_bus_id", None), "gpu_name": ("gpu_name", None),
+    "gpu_serial": ("gpu_serial", None),
+}
+
+
+def mib(cell):
+    try:
+        return int(float(cell.split()[0]))
+    except (ValueError, IndexError, AttributeError):
+        return 0
+
+
+def engine_cores():
+    """The stand-in vLLM's engine cores running on this host: [(pid, visible, count, share)], by pid."""
+    found = []
+    for name in os.listdir(PROC):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(PROC, name, "cmdline"), "rb") as handle:
+                words = handle.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if words[0] != ENGINE_CORE:
+            continue
+        declared = dict(word.split("=", 1) for word in words if word.startswith("standin-") and "=" in word)
+        try:
+            found.append((int(name), declared.get("standin-gpu", ""), int(declared.get("standin-count", "1")),
+                          float(declared.get("standin-share", "0.9"))))
+        except ValueError:
+            continue
+    return sorted(found)
+
+
+def compute_apps(state):
+    """[(pid, gpu, MiB)] of the engine cores, in pid order (the order memory was taken)."""
+    free = {gpu["uuid"]: mib(gpu.get("memory.total")) - mib(gpu.get("memory.used")) for gpu in state["gpus"]}
+    apps = []
+    for pid, visible, count, share in engine_cores():
+        chosen = []
+        for entry in [word.strip() for word in visible.split(",") if word.strip()] or [g["index"] for g in state["gpus"]]:
+            chosen += [gpu for gpu in state["gpus"] if entry in (gpu["index"], gpu["uuid"]) and gpu not in chosen]
+        for gpu in chosen[:count]:
+            taken = max(0, min(int(share * mib(gpu.get("memory.total"))), free[gpu["uuid"]]))
+            free[gpu["uuid"]] -= taken
+            apps.append((pid, gpu, taken))
+    return apps
+
+
+def with_apps(state):
+    """The GPUs with memory.used counting what the compute processes hold."""
+    held = {}
+    for _, gpu, taken in compute_apps(state):
+        held[gpu["uuid"]] = held.get(gpu["uuid"], 0) + taken
+    gpus = []
+    for gpu in state["gpus"]:
+        gpu = dict(gpu)
+        if "memory.used" in gpu and held.get(gpu["uuid"]):
+            gpu["memory.used"] = "%d MiB" % (mib(gpu["memory.used"]) + held[gpu["uuid"]])
+        gpus.append(gpu)
+    return {**state, "gpus": gpus}
+
+
+def query_compute_apps(state, fields, formats):
+    for field in fields:
+        if field not in COMPUTE_FIELDS:
+            raise Failure('Field "%s" is not a valid field to query.' % field)
+    lines = []
+    if "noheader" not in formats:
+        lines.append(", ".join(header if unit is None or "nounits" in formats else "%s [%s]" % (header, unit)
+                               for header, unit in (COMPUTE_FIELDS[field] for field in fields)))
+    for pid, gpu, taken in compute_apps(state):
+        values = {"pid": str(pid), "process_name": ENGINE_CORE, "used_gpu_memory": str(taken),
+                  "gpu_uuid": gpu["uuid"], "gpu_bus_id": gpu.get("pci.bus_id", ""), "gpu_name": gpu.get("name", ""),
+                  "gpu_serial": gpu.get("serial", "[N/A]")}
+        cells = []
+        for field in fields:
+            header, unit = COMPUTE_FIELDS[field]
+            cells.append(values[header] + ("" if unit is None or "nounits" in formats else " " + unit))
+        lines.append(", ".join(cells))
+    return "\n".join(lines)
+
+
 def query(state, fields, formats, selector):
+    state = with_apps(state)
     units = dict(state["columns"])
     names = [QUERY_ALIASES.get(field, field) for field in fields]
     for field, name in zip(fields, names):
@@ -189,6 +289,9 @@ def run(argv, state):
         return set_power_limit(state, options[1], selector)
     queries = [o for o in options if o.startswith("--query-gpu=")]
     formats = [o.split("=", 1)[1].split(",") for o in options if o.startswith("--format=")]
+    apps = [o for o in options if o.startswith("--query-compute-apps=")]
+    if apps and formats and "csv" in formats[0] and len(options) == 2:
+        return query_compute_apps(state, apps[0].split("=", 1)[1].split(","), formats[0])
     if queries and formats and "csv" in formats[0] and len(options) == 2:
         return query(state, queries[0].split("=", 1)[1].split(","), formats[0], selector)
     raise Failure("stand-in nvidia-smi: unsupported arguments %s" % argv)

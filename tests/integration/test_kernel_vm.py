@@ -31,6 +31,8 @@ UNIT = "vllm-chat.service"
 KERNEL_ROLES = Controls(tags=("sysctl", "nouveau", "shm"))
 FLAGS = ("nouveau.modeset=0", "rd.driver.blacklist=nouveau", "modprobe.blacklist=nouveau")
 SHM_BYTES = 1 << 30  # host_entry's shm_size: 1G
+# planted before the first apply: a later sysctl.d file that would win at boot; apply must neutralise it
+OVERRIDE = "/etc/sysctl.d/99-zz-override.conf"
 # what a run may write without changing the host: logs, journals, caches, Ansible's own temp files
 VOLATILE = ("/run", "/var/log", "/var/lib/systemd", "/var/cache", "/var/tmp", "/tmp", "/root", "/var/lib/apt", "/var/lib/dpkg")
 FILES_WRITTEN_SINCE_MARKER = (
@@ -67,6 +69,7 @@ def spec(vm, tmp_path_factory):
 def history(vm, spec):
     """Check mode, apply, apply again, then the audit before the reboot: what each did, for the tests."""
     record = {"swappiness before": vm.ssh("cat /proc/sys/vm/swappiness").stdout.strip()}
+    vm.ssh(f"printf 'vm.swappiness = 60\\n' > {OVERRIDE}")
     vm.ssh("touch /run/vp-marker && sleep 1")
     started = time.monotonic()
     record["check"] = apply_spec(spec, check=True, controls=KERNEL_ROLES)
@@ -158,7 +161,9 @@ def test_the_reboot_marker_is_cleared(rebooted):
 
 
 def test_settings_survive_the_reboot(rebooted):
+    # 1, not the 60 of the override planted before the first apply: apply commented its line out
     assert rebooted.ssh("sysctl -n vm.swappiness vm.max_map_count").stdout.split() == ["1", "262144"]
+    assert rebooted.ssh(f"cat {OVERRIDE}").stdout.startswith("# vm.swappiness = 60  # disabled by vllm-provision: ")
     assert int(rebooted.ssh("findmnt -n -b -o SIZE /dev/shm").stdout) == SHM_BYTES
     assert rebooted.ssh(f"systemctl is-enabled {UNIT}; systemctl is-active {UNIT}").stdout.split() == ["enabled", "active"]
 

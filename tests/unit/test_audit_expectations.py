@@ -181,3 +181,63 @@ def test_a_host_whose_spec_lists_no_gpu_has_no_gpu_checks():
 def test_an_unknown_profile_names_the_known_ones():
     with pytest.raises(ValueError, match="no profile named 'strict'; profiles: recommended"):
         load_profile("strict")
+
+
+# --------------------------------------------------------------------------- what the roles leave: boot unit, vLLM, files
+
+from provisioner.paths import role_dir  # noqa: E402
+
+
+def test_the_gpu_boot_unit_is_the_roles_own_oneshot_enabled_and_active_after_a_run(seed1):
+    _, target = seed1
+    assert target.expected["gpu_boot_unit"] == {
+        "name": "nvidia-gpu-limits.service", "fragment": "/etc/systemd/system/nvidia-gpu-limits.service",
+        "enabled": "enabled", "type": "oneshot", "active_after_success": "active"}
+    no_gpus = host(gpus={"devices": []})
+    (target,) = spec_targets(validate_spec(spec_data([no_gpus], [])))
+    assert target.expected["gpu_boot_unit"] is None  # the role does nothing without devices
+
+
+def test_the_pinned_vllm_is_expected_in_the_roles_venv_where_the_role_runs(seed1):
+    _, target = seed1
+    assert target.expected["vllm_install"] == {"venv": "/opt/vllm/venv", "version": "0.25.0"}
+    elsewhere = host(vllm={"version": "0.33.0", "install_path": "/srv/vllm"})
+    (target,) = spec_targets(validate_spec(spec_data([elsewhere])))
+    assert target.expected["vllm_install"] == {"venv": "/srv/vllm/venv", "version": "0.33.0"}
+    in_a_container = instance("chat", 8000, container={"engine": "podman"})
+    (target,) = spec_targets(validate_spec(spec_data([host()], [in_a_container])))
+    assert target.expected["vllm_install"] is None  # site.yml skips vllm_install: no venv instance
+
+
+def test_managed_files_are_the_roles_files_that_no_other_row_checks(seed1):
+    spec, target = seed1
+    files = {file["path"]: file for file in target.expected["managed_files"]}
+    assert list(files) == [
+        "/usr/local/lib/vllm-provision/nvidia-gpu-limits", "/etc/vllm-provision/nvidia-gpu-limits.conf",
+        "/etc/systemd/system/nvidia-gpu-limits.service", "/usr/local/lib/vllm-provision/wait-ready",
+        "/usr/local/lib/vllm-provision/vllm-check-args", "/etc/systemd/system/vllm-qwen7b.service"]
+    (plan,) = build_plan(spec)
+    # the env file (secret), the config file, the sysctl file and the nouveau files have rows of their own
+    assert not {plan.sysctl_file.path, plan.units[0].env_file.path, plan.units[0].config_file.path,
+                *(file.path for file in plan.nouveau_files)} & set(files)
+    script = files["/usr/local/lib/vllm-provision/nvidia-gpu-limits"]
+    assert (script["owner"], script["mode"], script["role"]) == ("root:root", "0755", "nvidia_gpu")
+    assert script["content"] == (role_dir("nvidia_gpu") / "files" / "nvidia-gpu-limits").read_text()
+    unit = files["/etc/systemd/system/vllm-qwen7b.service"]
+    assert unit["content"] == plan.units[0].unit.content and (unit["owner"], unit["mode"]) == ("root:root", "0644")
+    # the lines read as systemd runs them by rows of their own; EnvironmentFile= and ExecStartPost= stay
+    assert {"User", "Restart", "ExecStart", "TimeoutStartSec"} <= set(unit["skip"]["keys"])
+    assert not {"EnvironmentFile", "ExecStartPost", "Environment"} & set(unit["skip"]["keys"])
+    assert unit["skip"]["environment"] == ["CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HOME"]
+    settings = files["/etc/vllm-provision/nvidia-gpu-limits.conf"]
+    assert settings["content"] is None  # rendered by the suite from the GPUs it reads
+    assert settings["render"]["devices"] == [{"index": 0, "uuid": SEED1_UUID, "model": "NVIDIA GeForce RTX 3090",
+                                              "power_limit": "default"}]
+    assert files["/etc/systemd/system/nvidia-gpu-limits.service"]["skip"] is None
+
+
+def test_a_container_instances_quadlet_is_a_managed_file_whole():
+    in_a_container = instance("chat", 8000, container={"engine": "podman"})
+    (target,) = spec_targets(validate_spec(spec_data([host()], [in_a_container])))
+    quadlet = target.expected["managed_files"][-1]
+    assert quadlet["path"] == "/etc/containers/systemd/vllm-chat.container" and quadlet["skip"] is None

@@ -9,9 +9,10 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from rich.console import Console
 
-from provisioner.audit.report import host_table, summary, write_json, write_junit
+from provisioner.audit.report import host_table, json_text, junit_text, summary, write_json, write_junit
 from provisioner.audit.expectations import Connection
 from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, ssh_config_block
+from tests.unit.test_audit_suite import run_plugin
 
 
 def report(host: str, *statuses: str, error: str | None = None) -> HostReport:
@@ -54,6 +55,13 @@ def test_by_default_only_what_did_not_pass_is_shown_under_the_summary():
     assert shown(host_table(report("ws2", "passed", "n/a"))).strip() == "ws2 (192.0.2.1) — passed: 1 passed, 1 n/a"
 
 
+def test_the_title_says_how_long_connecting_and_the_checks_took():
+    timed = report("ws1", "passed", "n/a")
+    timed.connect_seconds, timed.checks[0].seconds, timed.checks[1].seconds = 1.26, 0.0205, 0.0025
+    assert shown(host_table(timed)).strip() == (
+        "ws1 (192.0.2.1) — passed: 1 passed, 1 n/a (connected in 1.3 s, 2 checks in 23 ms)")
+
+
 def test_summary_of_a_host_that_could_not_run_says_why():
     assert summary(report("b", error="ssh: no route")) == "could not run: ssh: no route"
 
@@ -73,6 +81,92 @@ def test_junit_has_a_suite_per_host_failures_skips_for_na_and_errors(tmp_path):
     assert b.find("testcase/error").get("message") == "ssh: no route"
 
 
+def test_junit_cases_carry_their_time_and_expected_actual_status_properties_the_suite_the_sum():
+    checks = [CheckResult("a", "passed one", "1", "1", "passed", seconds=0.25),
+              CheckResult("a", "reported one", "(reported)", "vllm-x.service", "passed", seconds=0.5),
+              CheckResult("a", "drifted", "1", "60", "failed", seconds=1.125),
+              CheckResult("a", "live", "1", "n/a: a container", "n/a", "a container", seconds=0.002)]
+    root = ElementTree.fromstring(junit_text({"a": HostReport("a", "192.0.2.1", checks, connect_seconds=0.75)}))
+    (suite,) = root.findall("testsuite")
+    assert suite.find("properties/property").attrib == {"name": "connect_seconds", "value": "0.750"}
+    cases = suite.findall("testcase")
+    assert [case.get("time") for case in cases] == ["0.250", "0.500", "1.125", "0.002"]
+    assert [properties(case) for case in cases] == [
+        {"expected": "1", "actual": "1", "status": "passed"},
+        {"expected": "(reported)", "actual": "vllm-x.service", "status": "passed"},
+        {"expected": "1", "actual": "60", "status": "failed"},
+        {"expected": "1", "actual": "n/a: a container", "status": "n/a"}]
+    assert suite.get("time") == "1.877" and root.get("time") == "1.877"
+    assert cases[2].find("failure").get("message") == "expected 1, actual 60"  # kept beside the properties
+    assert cases[3].find("skipped").get("message") == "a container"
+
+
+def properties(case: ElementTree.Element) -> dict[str, str]:
+    return {prop.get("name"): prop.get("value") for prop in case.findall("properties/property")}
+
+
+# checks run by the real plugin: a passed, a reported, a drifted, an n/a and an errored row, with set times
+TIMED_CHECKS = '''
+import time
+import pytest
+from provisioner.audit.checks import REPORTED, Audit
+
+@pytest.fixture
+def audit(request):
+    return Audit(request.node)
+
+@pytest.fixture
+def slow_facts():
+    time.sleep(0.3)  # as a host's first check waits for its facts
+
+def test_same(slow_facts, audit):
+    audit.expect("same", "1", "1")
+
+def test_reported(audit):
+    audit.expect("vLLM units", REPORTED, ["vllm-a.service", "vllm-b.service"])
+
+def test_drifted(audit):
+    time.sleep(0.2)
+    audit.expect("ExecStart", "vllm serve m", "vllm serve m --api-key sk-secret-in-a-row")
+
+def test_in_a_container(audit):
+    audit.not_applicable("sysctl live: vm.swappiness", "1", "a container shares its host's kernel")
+
+@pytest.fixture
+def unreadable():
+    raise RuntimeError("ssh: connection closed")
+
+def test_facts_unreadable(unreadable, audit):
+    pass
+'''
+
+
+def test_every_row_from_the_plugin_reaches_json_and_junit_with_expected_actual_and_its_time(tmp_path):
+    run, results = run_plugin(tmp_path, TIMED_CHECKS)
+    checks = [CheckResult(**result) for result in results]
+    host = HostReport("?", "192.0.2.1", checks, connect_seconds=0.1)  # no case fixture here: host "?"
+    rows = {row["check"]: row for row in json.loads(json_text({"?": host}))["hosts"]["?"]["checks"]}
+    assert {name: (row["expected"], row["actual"], row["status"]) for name, row in rows.items()} == {
+        "same": ("1", "1", "passed"),
+        "vLLM units": ("(reported)", "vllm-a.service, vllm-b.service", "passed"),
+        "ExecStart": ("vllm serve m", "vllm serve m --api-key <redacted>", "failed"),
+        "sysctl live: vm.swappiness": ("1", "n/a: a container shares its host's kernel", "n/a"),
+        "test_facts_unreadable": ("", "ssh: connection closed", "error"),
+    }, run.stdout
+    assert rows["same"]["seconds"] >= 0.3  # the setup's wait counts
+    assert rows["ExecStart"]["seconds"] >= 0.2
+    assert all(0 <= row["seconds"] < 5 for row in rows.values())
+    assert json.loads(json_text({"?": host}))["hosts"]["?"]["check_seconds"] == round(sum(r["seconds"] for r in rows.values()), 3)
+    junit = junit_text({"?": host})
+    assert "sk-secret-in-a-row" not in junit and "sk-secret-in-a-row" not in json_text({"?": host})
+    cases = {case.get("name"): case for case in ElementTree.fromstring(junit).iter("testcase")}
+    assert set(cases) == set(rows)
+    for name, row in rows.items():
+        assert properties(cases[name]) == {key: row[key] for key in ("expected", "actual", "status")}
+        assert float(cases[name].get("time")) == pytest.approx(row["seconds"], abs=0.0005)
+    assert cases["test_facts_unreadable"].find("error").get("message") == "ssh: connection closed"
+
+
 def test_json_has_the_exit_code_and_every_check(tmp_path):
     write_json({"a": report("a", "passed", "failed")}, tmp_path / "audit.json")
     data = json.loads((tmp_path / "audit.json").read_text())
@@ -80,7 +174,9 @@ def test_json_has_the_exit_code_and_every_check(tmp_path):
     assert data["hosts"]["a"]["status"] == "drift"
     assert [check["status"] for check in data["hosts"]["a"]["checks"]] == ["passed", "failed"]
     assert data["hosts"]["a"]["checks"][1] | {"id": ""} == {
-        "host": "a", "check": "check 1", "expected": "1", "actual": "60", "status": "failed", "message": "", "id": ""}
+        "host": "a", "check": "check 1", "expected": "1", "actual": "60", "status": "failed", "message": "", "id": "",
+        "seconds": 0.0}
+    assert (data["hosts"]["a"]["connect_seconds"], data["hosts"]["a"]["check_seconds"]) == (None, 0.0)
 
 
 def test_one_master_socket_per_connection_never_shared_with_another_key_or_host():

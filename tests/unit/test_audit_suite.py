@@ -100,8 +100,8 @@ def test_discovery_reads_vllm_containers_from_docker_inspect():
         {"Name": "/db", "Config": {"Image": "postgres:16", "Cmd": ["postgres"]}, "HostConfig": {}},
     ]
     (container,) = vllm_containers("docker", json.dumps(inspect))
-    assert container == {"name": "llm", "tool": "docker", "image": "vllm/vllm-openai:v0.25.0",
-                         "ports": ["0.0.0.0:8000->8000/tcp"], "shm_bytes": 67108864,
+    assert container == {"name": "llm", "id": "", "pid": None, "restart": "no", "ipc": "", "tool": "docker",
+                         "image": "vllm/vllm-openai:v0.25.0", "ports": ["0.0.0.0:8000->8000/tcp"], "shm_bytes": 67108864,
                          "argv": ["vllm", "serve", "m", "--port", "8000"],
                          "environment": {"CUDA_VISIBLE_DEVICES": "0", "PATH": "/bin"}}
     assert vllm_containers("podman", "") == []
@@ -146,15 +146,21 @@ def test_broken(audit):
 '''
 
 
-def test_plugin_reports_passed_failed_na_and_error(tmp_path):
-    (tmp_path / "test_checks.py").write_text(PLUGIN_CHECKS)
-    results = tmp_path / "results.json"
+def run_plugin(folder, checks: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """pytest with the audit's plugin over `checks` (a test file's text) in `folder`: its run and the results."""
+    (folder / "test_checks.py").write_text(checks)
+    results = folder / "results.json"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", str(tmp_path), "-p", "provisioner.audit.plugin", "-p", "no:cacheprovider",
-         "-q", "--rootdir", str(tmp_path), "--audit-results", str(results)],
-        capture_output=True, text=True, cwd=tmp_path,
+        [sys.executable, "-m", "pytest", str(folder), "-p", "provisioner.audit.plugin", "-p", "no:cacheprovider",
+         "-q", "--rootdir", str(folder), "--audit-results", str(results)],
+        capture_output=True, text=True, cwd=folder,
     )
-    reported = {result["check"]: result for result in json.loads(results.read_text())}
+    return run, json.loads(results.read_text())
+
+
+def test_plugin_reports_passed_failed_na_and_error(tmp_path):
+    run, results = run_plugin(tmp_path, PLUGIN_CHECKS)
+    reported = {result["check"]: result for result in results}
     assert {check: result["status"] for check, result in reported.items()} == {
         "same": "passed", "drifted": "failed", "live": "n/a", "test_broken": "error"}, run.stdout
     assert (reported["drifted"]["expected"], reported["drifted"]["actual"]) == ("1", "60")
@@ -183,7 +189,7 @@ def standin_server(tmp_path):
     server.wait()
 
 
-PROBES = {"http": ["bash", "-c", HTTP_PROBE.read_text()], "https": [sys.executable, "-c", HTTPS_PROBE.read_text()]}
+PROBES = {"http": ["bash", "-c", HTTP_PROBE.read_text(), "127.0.0.1"], "https": [sys.executable, "-c", HTTPS_PROBE.read_text()]}
 
 
 def probe(scheme: str, port: int) -> dict[str, dict]:
@@ -205,6 +211,7 @@ def test_the_probes_say_why_when_nothing_answers(standin_server, scheme):
     answers = probe(scheme, closed)
     assert "Connection refused" in answers["/health"]["error"]
     assert "Connection refused" in answers["/v1/models"]["error"]
+    assert answers["/health"]["error"].startswith("127.0.0.1: ")  # the server's host, not the unit's name
 
 
 def test_gpu_facts_come_from_the_recorded_h200_query_as_the_module_reads_it():
@@ -290,3 +297,188 @@ def test_modprobe_dry_run_without_the_install_line_would_load_the_module():
 
 def test_modprobe_dry_run_with_nothing_printed_is_not_refused():
     assert modprobe_dry_run("nouveau", "") == (False, "no output")
+
+
+# --------------------------------------------------------------------------- the boot unit, the venv's vLLM, managed files
+
+import base64  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from provisioner.audit.checks import Case  # noqa: E402
+from provisioner.audit.expectations import spec_targets  # noqa: E402
+import warnings  # noqa: E402
+
+with warnings.catch_warnings():  # the suite's marker is registered by its own conftest, not here
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    from provisioner.audit.suite import test_gpu_boot_unit, test_managed_files, test_vllm_install  # noqa: E402
+from provisioner.audit.suite.facts import parse_facts  # noqa: E402
+from provisioner.paths import EXAMPLES_DIR  # noqa: E402
+from provisioner.spec import load_spec  # noqa: E402
+
+BOOT_UNIT = {"name": "nvidia-gpu-limits.service", "fragment": "/etc/systemd/system/nvidia-gpu-limits.service",
+             "enabled": "enabled", "type": "oneshot", "active_after_success": "active"}
+RAN = {"LoadState": "loaded", "UnitFileState": "enabled", "ActiveState": "active", "SubState": "exited",
+       "Result": "success", "ExecMainStatus": "0", "ExecMainExitTimestamp": "Wed 2026-12-02 06:04:43 UTC"}
+
+
+def row(check, item, **facts) -> tuple[str, str, str, str]:
+    """(status, check, expected, actual) of one check run on `item` with these facts."""
+    audit_item = FakeItem()
+    try:
+        check(Case("h", {}, item), SimpleNamespace(**facts), Audit(audit_item))
+        status = "passed"
+    except Drift:
+        status = "failed"
+    except pytest.skip.Exception:
+        status = "n/a"
+    shown = dict(audit_item.user_properties)
+    return status, shown["check"], shown["expected"], shown["actual"]
+
+
+@pytest.mark.parametrize("state, status, actual", [
+    ({}, "passed", "success"),
+    ({"Result": "exit-code", "ExecMainStatus": "1", "ActiveState": "failed", "SubState": "failed"}, "failed",
+     "exit-code (status 1 at Wed 2026-12-02 06:04:43 UTC); failed (failed)"),
+    ({"ActiveState": "inactive", "SubState": "dead", "ExecMainExitTimestamp": ""}, "failed",
+     "not run since boot; inactive (dead)"),
+    ({"ActiveState": "inactive", "SubState": "dead"}, "failed",
+     "success at Wed 2026-12-02 06:04:43 UTC, not active since: inactive (dead)"),
+    ({"ActiveState": "activating", "SubState": "auto-restart", "Result": "exit-code", "ExecMainStatus": "1"}, "failed",
+     "exit-code (status 1 at Wed 2026-12-02 06:04:43 UTC); activating (auto-restart)"),
+    ({"LoadState": "not-found"}, "n/a",
+     "n/a: the unit file is missing: see file /etc/systemd/system/nvidia-gpu-limits.service"),
+])
+def test_the_boot_units_last_run_is_a_success_that_left_it_active(state, status, actual):
+    assert row(test_gpu_boot_unit.test_boot_unit_last_run, BOOT_UNIT, gpu_boot_unit={**RAN, **state}) == (
+        status, "nvidia-gpu-limits.service: last run", "success", actual)
+
+
+@pytest.mark.parametrize("state, status, actual", [
+    ("enabled", "passed", "enabled"), ("disabled", "failed", "disabled"), ("masked", "failed", "masked")])
+def test_the_boot_unit_is_enabled(state, status, actual):
+    shown = {**RAN, "UnitFileState": state, **({"LoadState": "masked"} if state == "masked" else {})}
+    assert row(test_gpu_boot_unit.test_boot_unit_enabled, BOOT_UNIT, gpu_boot_unit=shown) == (
+        status, "nvidia-gpu-limits.service: enabled", "enabled", actual)
+
+
+@pytest.mark.parametrize("out, status, actual", [
+    (Output("0.25.0\n", 0), "passed", "0.25.0"),
+    (Output("0.33.0\n", 0), "failed", "0.33.0"),
+    (Output("(not installed)\n", 3), "failed", "((not installed))"),
+    (Output("no /opt/vllm/venv/bin/python\n", 4), "failed", "(no /opt/vllm/venv/bin/python)"),
+])
+def test_the_venvs_vllm_is_the_pinned_version(out, status, actual):
+    install = {"venv": "/opt/vllm/venv", "version": "0.25.0"}
+    assert row(test_vllm_install.test_vllm_version, install, vllm_version=out) == (
+        status, "vLLM in /opt/vllm/venv", "0.25.0", actual)
+
+
+def test_the_venvs_vllm_version_is_read_without_importing_vllm(tmp_path):
+    command = host_commands({"sysctl": {"file": None, "settings": {}}, "nouveau": {"enabled": False}, "shm": {},
+                             "units": [], "vllm_install": {"venv": str(tmp_path), "version": "0.25.0"}})["vllm_version"]
+    missing = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    assert (missing.returncode, missing.stdout.strip()) == (4, f"no {tmp_path}/bin/python")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to(sys.executable)  # this Python has no vllm distribution
+    absent = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    assert (absent.returncode, absent.stdout.strip(), absent.stderr) == (3, "(not installed)", "")
+
+
+UNIT_TEXT = """[Unit]
+Description=vLLM chat
+[Service]
+User=vllm
+Environment=CUDA_VISIBLE_DEVICES=GPU-1
+EnvironmentFile=/etc/vllm/chat.env
+ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml
+"""
+UNIT_FILE = {"path": "/etc/systemd/system/vllm-chat.service", "role": "vllm_service", "owner": "root:root",
+             "mode": "0644", "content": UNIT_TEXT,
+             "skip": {"section": "Service", "keys": ["ExecStart", "User"], "environment": ["CUDA_VISIBLE_DEVICES"]}}
+
+
+@pytest.mark.parametrize("found, status, actual", [
+    ((("0644", "root:root"), UNIT_TEXT), "passed", "as rendered (7 lines, root:root 0644)"),
+    ((("0600", "root:root"), UNIT_TEXT), "failed", "as rendered (7 lines, root:root 0600)"),
+    ((("0644", "vllm:vllm"), UNIT_TEXT), "failed", "as rendered (7 lines, vllm:vllm 0644)"),
+    (None, "failed", "(absent)"),
+    # rows of their own read these as systemd runs them: not this row's
+    ((("0644", "root:root"), UNIT_TEXT.replace("User=vllm", "User=root").replace("GPU-1", "0")), "passed",
+     "as rendered (7 lines, root:root 0644)"),
+    ((("0644", "root:root"), UNIT_TEXT.replace("Description=vLLM chat", "Description=mine")), "failed",
+     "line 2: 'Description=mine' instead of 'Description=vLLM chat' (root:root 0644)"),
+    ((("0644", "root:root"), UNIT_TEXT.replace("User=vllm\n", "User=vllm\nEnvironment=LD_PRELOAD=/x.so\n")), "failed",
+     "line 5: 'Environment=LD_PRELOAD=/x.so' instead of 'EnvironmentFile=/etc/vllm/chat.env' (root:root 0644)"),
+    ((("0644", "root:root"), UNIT_TEXT + "Nice=5\n"), "failed", "line 8: 'Nice=5' added (root:root 0644)"),
+    ((("0644", "root:root"), UNIT_TEXT.replace("EnvironmentFile=/etc/vllm/chat.env\n", "")), "failed",
+     "ends at line 6; missing 'EnvironmentFile=/etc/vllm/chat.env' (root:root 0644)"),  # ExecStart=: its own row
+])
+def test_a_managed_file_is_present_as_rendered_with_its_owner_and_mode(found, status, actual):
+    assert row(test_managed_files.test_managed_file, UNIT_FILE, managed_files={UNIT_FILE["path"]: found}) == (
+        status, "file /etc/systemd/system/vllm-chat.service", "as rendered (7 lines, root:root 0644)", actual)
+
+
+def test_a_copied_file_is_compared_whole():
+    script = {**UNIT_FILE, "path": "/usr/local/lib/x", "mode": "0755", "skip": None, "content": "a\nb\n"}
+    assert row(test_managed_files.test_managed_file, script,
+               managed_files={"/usr/local/lib/x": (("0755", "root:root"), "a\nc\n")})[3] == "line 2: 'c' instead of 'b' (root:root 0755)"
+    assert row(test_managed_files.test_managed_file, script,
+               managed_files={"/usr/local/lib/x": (("0755", "root:root"), "a\nb")})[3] == (
+        "differs in line endings or a final newline (root:root 0755)")
+
+
+def test_the_gpu_settings_file_is_rendered_from_the_gpus_read_with_the_modules_targets():
+    spec = load_spec(EXAMPLES_DIR / "seed1-3090.yml")
+    (target,) = spec_targets(spec)
+    settings = next(file for file in target.expected["managed_files"] if file["path"].endswith(".conf"))
+    gpus, _ = parse_gpu(Output((GPU_FIXTURES / "rtx3090" / "query-gpu.csv").read_text(), 0), "nvidia-smi")
+    written = ("# Managed by vllm-provision (role nvidia_gpu): change the spec and apply again.\n"
+               "# Applied at every boot by nvidia-gpu-limits.service (/usr/local/lib/vllm-provision/nvidia-gpu-limits).\n"
+               "# persistence mode on every GPU\npersistence_mode on\n# one GPU per line: <UUID> <power limit in watts>\n"
+               "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a 350  # GPU 0, power_limit default\n")
+    found = {settings["path"]: (("0644", "root:root"), written)}
+    assert row(test_managed_files.test_managed_file, settings, gpu=gpus, gpu_problem=None, managed_files=found) == (
+        "passed", "file /etc/vllm-provision/nvidia-gpu-limits.conf", "as rendered (6 lines, root:root 0644)",
+        "as rendered (6 lines, root:root 0644)")
+    lowered = {settings["path"]: (("0644", "root:root"), written.replace(" 350 ", " 300 "))}
+    assert row(test_managed_files.test_managed_file, settings, gpu=gpus, gpu_problem=None, managed_files=lowered)[3] == (
+        "line 6: 'GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a 300  # GPU 0, power_limit default' instead of "
+        "'GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a 350  # GPU 0, power_limit default' (root:root 0644)")
+    assert row(test_managed_files.test_managed_file, settings, gpu=None, gpu_problem="nvidia-smi not on the PATH",
+               managed_files=found)[::3] == ("n/a", "n/a: the GPUs could not be read (nvidia-smi not on the PATH): see GPU count")
+
+
+def test_managed_files_boot_unit_and_vllm_are_read_in_the_one_round_trip():
+    spec = load_spec(EXAMPLES_DIR / "seed1-3090.yml")
+    (target,) = spec_targets(spec)
+    commands = host_commands(target.expected)
+    assert commands["gpu_boot_unit"] == ("systemctl show nvidia-gpu-limits.service --property=LoadState,UnitFileState,"
+                                         "ActiveState,SubState,Result,ExecMainStatus,ExecMainExitTimestamp")
+    files = target.expected["managed_files"]
+    assert [commands[f"managed{index}"] for index in range(len(files))][0] == (
+        "stat -c '%a %U:%G' /usr/local/lib/vllm-provision/nvidia-gpu-limits && "
+        "base64 -w0 /usr/local/lib/vllm-provision/nvidia-gpu-limits")
+    outputs = {name: Output("", 1) for name in commands}
+    outputs.update({"virt": Output("systemd-nspawn", 0), "sysctl": Output("[]", 0), "page_size": Output("4096", 0),
+                    "shm": Output("", 1), "gpu": Output("", 127)})
+    outputs["gpu_boot_unit"] = Output("".join(f"{key}={value}\n" for key, value in RAN.items()), 0)
+    outputs["managed0"] = Output("755 root:root\n" + base64.b64encode(b"#!/usr/bin/python3\n").decode() + "\n", 0)
+    outputs["vllm_version"] = Output("0.25.0\n", 0)
+    facts = parse_facts(target.expected, outputs)
+    assert facts.gpu_boot_unit == RAN and facts.vllm_version == Output("0.25.0\n", 0)
+    assert facts.managed_files[files[0]["path"]] == (("0755", "root:root"), "#!/usr/bin/python3\n")
+    assert facts.managed_files[files[1]["path"]] is None  # absent
+
+
+def test_a_unit_file_systemd_did_not_load_is_left_to_the_units_own_row():
+    unit_file = {**UNIT_FILE, "unit": "vllm-chat.service"}
+    masked = {"vllm-chat.service": SimpleNamespace(shown={"LoadState": "masked"})}
+    linked = {unit_file["path"]: (("0777", "root:root"), "")}  # the mask: a link to /dev/null
+    assert row(test_managed_files.test_managed_file, unit_file, units=masked, managed_files=linked)[::3] == (
+        "n/a", "n/a: systemd did not load vllm-chat.service (masked): see vllm-chat.service: unit file")
+    loaded = {"vllm-chat.service": SimpleNamespace(shown={"LoadState": "loaded"})}
+    assert row(test_managed_files.test_managed_file, unit_file, units=loaded, managed_files=linked)[0] == "failed"
+    boot = {**UNIT_FILE, "path": BOOT_UNIT["fragment"], "unit": BOOT_UNIT["name"], "skip": None}
+    assert row(test_managed_files.test_managed_file, boot, units={}, gpu_boot_unit={**RAN, "LoadState": "masked"},
+               managed_files={boot["path"]: (("0777", "root:root"), "")})[::3] == (
+        "n/a", "n/a: nvidia-gpu-limits.service is masked: see nvidia-gpu-limits.service: enabled")

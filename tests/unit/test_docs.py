@@ -283,3 +283,11 @@ def test_readme_command_table_lists_every_command():
     registered = {command.name for command in app.registered_commands}
     assert registered - documented == set(), "commands missing from README's command table"
     assert documented - registered == set(), "README's command table names commands that do not exist"
+
+
+def test_the_drift_matrix_page_is_what_the_matrix_generates():
+    from tests.integration.drift_matrix import markdown
+
+    page = Path("docs/drift-matrix.md")
+    assert page.read_text(encoding="utf-8") == markdown(), (
+        "docs/drift-matrix.md is stale: python -m tests.integration.drift_matrix > docs/drift-matrix.md")

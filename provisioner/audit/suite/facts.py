@@ -7,6 +7,7 @@ by a marker line. One read per host keeps an audit of ~50 checks well under two 
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import secrets
@@ -17,18 +18,32 @@ from typing import Any
 
 import testinfra
 
-from provisioner.audit.text import environment_words, shown_argv, sysctl_settings
+from provisioner.audit.text import environment_words, shown_argv
 from provisioner.gpu.facts import GpuFacts, facts_from_data
-from provisioner.paths import role_dir
+from provisioner.module_utils import sysctl_files
+from provisioner.paths import module_utils_file, role_dir
 from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
 
 HTTP_PROBE = Path(__file__).with_name("http_probe.sh")  # bash /dev/tcp: plain http
 HTTPS_PROBE = Path(__file__).with_name("http_probe.py")  # python's ssl: https
 READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' own readiness probe
 PROBE_TIMEOUT_S = 10
+# the sysctl.d files as JSON, read on the host by the same code the role's module runs (read_tree)
+SYSCTL_READER = module_utils_file("sysctl_files")
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
-UNIT_STATE = ("LoadState", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
-              "Environment", "ExecStart")
+BOOT_UNIT_STATE = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Result", "ExecMainStatus",
+                   "ExecMainExitTimestamp")
+# the venv's vLLM version without importing vllm (slow; the real one may need CUDA)
+VLLM_VERSION = """\
+import importlib.metadata as metadata
+try:
+    print(metadata.version("vllm"))
+except metadata.PackageNotFoundError:
+    print("(not installed)")
+    raise SystemExit(3)
+"""
+UNIT_STATE = ("LoadState", "LoadError", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
+              "Environment", "ExecStart", "DropInPaths")
 INITRAMFS_SCRIPT = """\
 image=/boot/initrd.img-$(uname -r)
 if [ ! -e "$image" ]; then echo "no initramfs at $image"; exit 3; fi
@@ -51,6 +66,7 @@ class UnitFacts:
     http: dict[str, Any]
     config_text: str | None = None  # the expected --config file's content; None: absent
     ready: Output | None = None  # the readiness probe's verdict (exit 0: ready) and its line
+    dropins: list[tuple[str, str]] = field(default_factory=list)  # (path, content) of each DropInPaths file, in order
 
     @property
     def argv(self) -> list[str]:
@@ -78,7 +94,10 @@ class ContainerFacts:
 @dataclass
 class HostFacts:
     container: str | None  # what systemd-detect-virt --container says; None: not a container
-    sysctl_configured: dict[str, str]
+    # what systemd-sysctl sets at boot, by normalised key: (value, the winning file as shown); None: the files
+    # could not be read (sysctl_problem says why). The precedence: plugins/module_utils/sysctl_files.py
+    sysctl_at_boot: dict[str, tuple[str | None, str]] | None
+    sysctl_problem: str | None
     sysctl_live: dict[str, str | None]
     files: dict[str, str | None]
     modprobe_lines: set[str]
@@ -95,6 +114,10 @@ class HostFacts:
     containers: dict[str, ContainerFacts] = field(default_factory=dict)
     gpu: GpuFacts | None = None  # read when GPUs are expected
     gpu_problem: str | None = None  # why they could not be read
+    gpu_boot_unit: dict[str, str] | None = None  # `systemctl show` of the nvidia_gpu role's boot unit
+    vllm_version: Output | None = None  # the venv's vLLM version (VLLM_VERSION's output and exit status)
+    # each managed file (expected["managed_files"]) by path: ((mode, owner:group), its content); None: absent
+    managed_files: dict[str, tuple[tuple[str, str], str] | None] = field(default_factory=dict)
 
 
 def read_facts(host: testinfra.host.Host, expected: dict[str, Any]) -> HostFacts:
@@ -125,7 +148,9 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     sysctl, nouveau, shm = expected["sysctl"], expected["nouveau"], expected["shm"]
     commands = {
         "virt": "systemd-detect-virt --container",
-        "sysctl": f"cat {shlex.quote(sysctl['file'])}" if sysctl["file"] else "systemd-analyze cat-config sysctl.d",
+        # JSON, not cat-config's "# /path" headers, which a comment line in a file can imitate
+        "sysctl": "python3 -c " + shlex.quote(
+            SYSCTL_READER.read_text() + "\nimport json\nprint(json.dumps(read_tree('/')))\n"),
         "modprobe": "cat " + " ".join(f"{directory}/*.conf" for directory in MODPROBE_DIRS) + " 2>/dev/null",
         "modules": "cut -d' ' -f1 /proc/modules",
         "cmdline": "cat /proc/cmdline",
@@ -151,6 +176,16 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     if expected.get("gpu"):
         # the query alone: the checks need no topology (read_smi_facts leaves the links unknown)
         commands["gpu"] = shlex.join([expected["gpu"]["nvidia_smi"], *query_arguments()])
+    if expected.get("gpu_boot_unit"):
+        commands["gpu_boot_unit"] = (f"systemctl show {shlex.quote(expected['gpu_boot_unit']['name'])}"
+                                     f" --property={','.join(BOOT_UNIT_STATE)}")
+    if expected.get("vllm_install"):
+        python = shlex.quote(f"{expected['vllm_install']['venv']}/bin/python")
+        commands["vllm_version"] = f"[ -x {python} ] || {{ echo no {python}; exit 4; }}; {python} -c {shlex.quote(VLLM_VERSION)}"
+    for index, managed in enumerate(expected.get("managed_files", [])):
+        path = shlex.quote(managed["path"])
+        # mode and owner, then the content in base64 (one line: no framing to escape)
+        commands[f"managed{index}"] = f"stat -c '%a %U:%G' {path} && base64 -w0 {path}"
     return commands
 
 
@@ -167,6 +202,9 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
         ),
     }
     commands[f"http{index}"] = http_probe_command(name, unit["url"])
+    # each drop-in systemd applies: its path, then its content in base64 (one line: no framing to escape)
+    commands[f"dropins{index}"] = (
+        f"for file in $(systemctl show {name} -p DropInPaths --value); do echo \"$file\"; base64 -w0 \"$file\" 2>/dev/null; echo; done")
     # one real request through the same probe the unit runs before it turns active
     commands[f"ready{index}"] = (
         f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
@@ -182,9 +220,10 @@ def http_probe_command(name: str, url: str) -> str:
     """/health and /v1/models of the server at `url`, from the host itself (a unit's name: its API key)."""
     scheme, _, address = url.partition("://")
     host, _, port = address.rpartition(":")
+    host = shlex.quote(host.strip("[]"))
     probe = f"python3 -c {shlex.quote(HTTPS_PROBE.read_text())}" if scheme == "https" else (
-        f"bash -c {shlex.quote(HTTP_PROBE.read_text())}")
-    return f"timeout {PROBE_TIMEOUT_S} {probe} {name} {shlex.quote(host.strip('[]'))} {shlex.quote(port)}"
+        f"bash -c {shlex.quote(HTTP_PROBE.read_text())} {host}")  # $0: bash's messages name the host, not the unit
+    return f"timeout {PROBE_TIMEOUT_S} {probe} {name} {host} {shlex.quote(port)}"
 
 
 def env_file_command(path: str) -> str:
@@ -218,10 +257,11 @@ def proc_sys_path(key: str) -> str:
 
 def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     sysctl, nouveau = expected["sysctl"], expected["nouveau"]
-    configured = out["sysctl"].text if out["sysctl"].rc == 0 else ""
+    at_boot, sysctl_problem = parse_sysctl(out["sysctl"])
     facts = HostFacts(
         container=out["virt"].text.strip() if out["virt"].rc == 0 else None,
-        sysctl_configured=sysctl_settings(configured),
+        sysctl_at_boot=at_boot,
+        sysctl_problem=sysctl_problem,
         sysctl_live={
             key: " ".join(out[f"live{index}"].text.split()) if out[f"live{index}"].rc == 0 else None
             for index, key in enumerate(sysctl["settings"])
@@ -247,7 +287,43 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         facts.containers[container["name"]] = parse_container(index, out)
     if "gpu" in out:
         facts.gpu, facts.gpu_problem = parse_gpu(out["gpu"], expected["gpu"]["nvidia_smi"])
+    if "gpu_boot_unit" in out:
+        facts.gpu_boot_unit = dict(line.split("=", 1) for line in out["gpu_boot_unit"].text.splitlines() if "=" in line)
+    facts.vllm_version = out.get("vllm_version")
+    for index, managed in enumerate(expected.get("managed_files", [])):
+        facts.managed_files[managed["path"]] = managed_file(out[f"managed{index}"])
     return facts
+
+
+def managed_file(out: Output) -> tuple[tuple[str, str], str] | None:
+    """((mode, owner:group), content) of the managed-file command's output; None: absent (or unreadable)."""
+    lines = out.text.splitlines()
+    if out.rc != 0 or not lines:
+        return None
+    mode, owner = lines[0].split()
+    content = base64.b64decode(lines[1] if len(lines) > 1 else "").decode("utf-8", "replace")
+    return (mode.zfill(4), owner), content
+
+
+def json_answer(out: Output, kind: type) -> tuple[Any, str | None]:
+    """A host-side script's JSON answer of the type `kind`, or (None, its exit status and last line)."""
+    try:
+        answer = json.loads(out.text) if out.rc == 0 else None
+    except ValueError:
+        answer = None
+    if isinstance(answer, kind):
+        return answer, None
+    lines = out.text.strip().splitlines()
+    return None, f"exit {out.rc}: {lines[-1] if lines else 'no output'}"
+
+
+def parse_sysctl(out: Output) -> tuple[dict[str, tuple[str | None, str]] | None, str | None]:
+    """The reader's JSON → ({normalised key: (value at boot, winning file)}, None), or (None, why not)."""
+    entries, problem = json_answer(out, list)
+    if problem:
+        return None, f"could not read the sysctl.d files ({problem})"
+    winners = sysctl_files.effective(sysctl_files.conf_files(entries))
+    return {key: (won["value"], sysctl_files.shown_path(won["entry"])) for key, won in winners.items()}, None
 
 
 def parse_gpu(out: Output, nvidia_smi: str) -> tuple[GpuFacts | None, str | None]:
@@ -275,7 +351,14 @@ def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
     stat, sha256 = env_file_stat(out.get(f"env_file{index}"))
     config = out.get(f"config{index}")
     return UnitFacts(shown, environment, stat, sha256, http_answers(out[f"http{index}"].text),
-                     config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"))
+                     config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"),
+                     dropin_files(out.get(f"dropins{index}")))
+
+
+def dropin_files(out: Output | None) -> list[tuple[str, str]]:
+    """[(path, content)] of the drop-ins command's lines: a path, then the file's content in base64."""
+    lines = out.text.splitlines() if out is not None else []
+    return [(path, base64.b64decode(encoded).decode("utf-8", "replace")) for path, encoded in zip(lines[::2], lines[1::2])]
 
 
 def parse_container(index: int, out: dict[str, Output]) -> ContainerFacts:

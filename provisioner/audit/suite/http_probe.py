@@ -44,7 +44,7 @@ def main():
                     while chunk := tls.recv(65536):
                         sys.stdout.write(chunk.decode(errors="replace"))
         except OSError as error:
-            print(f"error: {error}")
+            print(f"error: {host}: {error}")  # named as bash names it in http_probe.sh
 
 
 if __name__ == "__main__":

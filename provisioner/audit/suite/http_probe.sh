@@ -1,9 +1,10 @@
-# Runs ON THE AUDITED HOST (bash -c SCRIPT UNIT HOST PORT): ask a plain-http vLLM server for /health
+# Runs ON THE AUDITED HOST (bash -c SCRIPT HOST UNIT HOST PORT: $0 is the server's host, so that bash's own
+# messages name it, "10.0.0.5: connect: Connection refused", not the unit): ask a plain-http vLLM server for /health
 # and /v1/models, from the host itself, with the server's own API key (read from the server process:
 # its VLLM_API_KEY, else its --api-key; it stays in this shell, never on a command line). Prints each
 # raw HTTP answer after a line `@@ <path>` (bash's words after it when there is none). One bash costs a
 # tenth of starting python; https servers get http_probe.py.
-pid=$(systemctl show -p MainPID --value "$0")
+pid=$(systemctl show -p MainPID --value "$1")
 key=
 while IFS= read -r -d '' entry; do
   case $entry in VLLM_API_KEY=*) key=${entry#*=} ;; esac
@@ -15,8 +16,8 @@ while [ -z "$key" ] && IFS= read -r -d '' word; do
 done 2>/dev/null < "/proc/$pid/cmdline"
 for path in /health /v1/models; do
   printf '\n@@ %s\n' "$path"
-  if exec 3<>"/dev/tcp/$1/$2"; then
-    printf 'GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n' "$path" "$1" "$key" >&3
+  if exec 3<>"/dev/tcp/$2/$3"; then
+    printf 'GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n' "$path" "$2" "$key" >&3
     cat <&3
     exec 3<&-
   fi

@@ -28,6 +28,10 @@ def gpu_of(facts, audit, check: str, expected: str, index: int):
 
 @host_gpus
 def test_gpu_count(case, facts, audit):
+    """`GPU count` — the GPUs nvidia-smi lists against `nvidia_gpu_expected_count` (reported where it is null).
+
+    Modes: spec, profile.
+    """
     count = case.item["expected_count"]
     expected = REPORTED if count is None else str(count)
     if facts.gpu is None:
@@ -38,11 +42,19 @@ def test_gpu_count(case, facts, audit):
 
 @devices
 def test_gpu_model(case, facts, audit):
+    """`GPU N model` — the card's name as nvidia-smi reports it against the spec's `model` (reported where none is set).
+
+    Modes: spec, profile.
+    """
     listed_check(case, facts, audit, "model", gpu.model_check)
 
 
 @devices
 def test_gpu_uuid(case, facts, audit):
+    """`GPU N uuid` — the card's UUID against the spec's `uuid` (reported where none is set).
+
+    Modes: spec, profile.
+    """
     listed_check(case, facts, audit, "uuid", gpu.uuid_check)
 
 
@@ -54,6 +66,10 @@ def listed_check(case, facts, audit, field: str, check_of) -> None:
 
 @devices
 def test_gpu_power_limit(case, facts, audit):
+    """`GPU N power limit` — the enforced limit against the target ±1 W (`max`/`default` resolved); profile: reported.
+
+    Modes: spec, profile.
+    """
     index = case.item["index"]
     if "power_limit" not in case.item:  # profile mode: no target to compare with
         found = gpu_of(facts, audit, f"GPU {index} power limit", REPORTED, index)
@@ -64,6 +80,10 @@ def test_gpu_power_limit(case, facts, audit):
 
 @devices
 def test_gpu_persistence_mode(case, facts, audit):
+    """`GPU N persistence mode` — on or off against `nvidia_gpu_persistence_mode`; n/a where that is null.
+
+    Modes: spec, profile.
+    """
     wanted = case.target["gpu"]["persistence_mode"]
     name = f"GPU {case.item['index']} persistence mode"
     if wanted is None:
@@ -73,17 +93,29 @@ def test_gpu_persistence_mode(case, facts, audit):
 
 @devices
 def test_gpu_pcie_link_width(case, facts, audit):
+    """`GPU N PCIe link width` — the current link width against the card's maximum (narrower: a downtrained link).
+
+    Modes: spec, profile.
+    """
     found = gpu_of(facts, audit, f"GPU {case.item['index']} PCIe link width", "its maximum", case.item["index"])
     record(audit, gpu.pcie_width_check(found))
 
 
 @devices
 def test_gpu_pcie_link_generation(case, facts, audit):
+    """`GPU N PCIe link generation` — the current generation against the maximum (an idle card's slower link passes).
+
+    Modes: spec, profile.
+    """
     found = gpu_of(facts, audit, f"GPU {case.item['index']} PCIe link generation", "its maximum", case.item["index"])
     record(audit, gpu.pcie_generation_check(found))
 
 
 @devices
 def test_gpu_throttle_reasons(case, facts, audit):
+    """`GPU N throttle reasons` — the active throttle reasons: any beyond idle and clock settings fails.
+
+    Modes: spec, profile.
+    """
     found = gpu_of(facts, audit, f"GPU {case.item['index']} throttle reasons", "none holding it back", case.item["index"])
     record(audit, gpu.throttle_check(found))

@@ -14,18 +14,30 @@ def when_enabled(key: str):
 
 @each(lambda expected: expected["nouveau"].get("files", {}).items(), ids=lambda file: file[0])
 def test_file(case, facts, audit):
+    """`nouveau file: PATH` — each file the nouveau role writes, its whole content against the rendered template.
+
+    Modes: spec.
+    """
     path, content = case.item
     audit.expect(f"nouveau file: {path}", content, facts.files[path] or ABSENT)
 
 
 @each(lambda expected: expected["nouveau"].get("absent_files", []))
 def test_file_removed(case, facts, audit):
+    """`nouveau file: PATH` — a file the role removes (blacklisting turned off) is absent.
+
+    Modes: spec.
+    """
     path = case.item
     audit.expect(f"nouveau file: {path}", ABSENT, ABSENT if facts.files[path] is None else "present")
 
 
 @when_enabled("modprobe_lines")
 def test_blacklisted_in_modprobe_config(case, facts, audit):
+    """`nouveau blacklisted in modprobe.d` — the blacklist's lines (as the role renders them) found in modprobe.d.
+
+    Modes: spec, profile.
+    """
     lines = case.item["modprobe_lines"]
     found = [line for line in lines if line in facts.modprobe_lines]
     audit.expect("nouveau blacklisted in modprobe.d", lines, found or "none of these lines")
@@ -33,6 +45,10 @@ def test_blacklisted_in_modprobe_config(case, facts, audit):
 
 @when_enabled("initramfs_file")
 def test_in_initramfs(case, facts, audit):
+    """`nouveau blacklist in the initramfs` — the current initramfs holds our modprobe.d file (lsinitramfs); else n/a.
+
+    Modes: spec.
+    """
     path = case.item["initramfs_file"]
     check, expected = "nouveau blacklist in the initramfs", f"contains {path}"
     if facts.container:
@@ -45,7 +61,11 @@ def test_in_initramfs(case, facts, audit):
 
 @each(lambda expected: expected["nouveau"].get("modules", []))
 def test_modprobe_refuses_module(case, facts, audit):
-    """`blacklist` alone still lets `modprobe nouveau` (or a module needing it) load it."""
+    """`modprobe refuses MODULE` — what `modprobe -n -v MODULE` would do: an install line instead of loading it.
+
+    Modes: spec, profile.
+
+    `blacklist` alone still lets `modprobe nouveau` (or a module needing it) load it."""
     module = case.item
     check, expected = f"modprobe refuses {module}", "install /bin/false (modprobe -n -v)"
     if facts.container:
@@ -57,6 +77,10 @@ def test_modprobe_refuses_module(case, facts, audit):
 
 @when_enabled("cmdline_flags")
 def test_kernel_cmdline(case, facts, audit):
+    """`kernel cmdline: nouveau flags` — the role's kernel flags found in /proc/cmdline; n/a in a container.
+
+    Modes: spec, profile.
+    """
     flags = case.item["cmdline_flags"]
     check = "kernel cmdline: nouveau flags"
     if facts.container:
@@ -67,6 +91,10 @@ def test_kernel_cmdline(case, facts, audit):
 
 @when_enabled("reboot_marker")
 def test_no_reboot_pending(case, facts, audit):
+    """`reboot pending for nouveau` — no reboot the role asked for is still pending (its reboot marker line).
+
+    Modes: spec.
+    """
     marker = case.item["reboot_marker"]
     check = "reboot pending for nouveau"
     if facts.container:

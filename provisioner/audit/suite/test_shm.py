@@ -10,6 +10,10 @@ from provisioner.audit.checks import ABSENT, each
 
 
 def test_size(case, facts, audit):
+    """`/dev/shm size` — the mounted size (page-rounded) against `shm_size` (spec) or at least `shm_size_min` (profile).
+
+    Modes: spec, profile.
+    """
     shm = case.target["shm"]
     if shm["size"] is None:
         audit.not_applicable("/dev/shm size", "(as it is)", "shm_size is null: /dev/shm is left as it is")
@@ -25,6 +29,10 @@ def test_size(case, facts, audit):
 
 @each(lambda expected: [expected["shm"]] if expected["shm"].get("fstab_line") else [], ids=lambda _: "fstab")
 def test_fstab_line(case, facts, audit):
+    """`/dev/shm in /etc/fstab` — the /etc/fstab lines mounting /dev/shm against the one the shm role writes.
+
+    Modes: spec.
+    """
     pattern = re.compile(case.item["fstab_pattern"])
     lines = [line for line in facts.fstab.splitlines() if pattern.match(line)]
     audit.expect("/dev/shm in /etc/fstab", case.item["fstab_line"], lines or ABSENT)

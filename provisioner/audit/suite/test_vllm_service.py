@@ -1,14 +1,17 @@
-"""Each vLLM unit (role vllm_service): loaded, enabled, active, its settings as `systemctl show` reports
-them, its environment, its command line, its env file, its `vllm serve --config` file, and the server
-answering on its address.
+"""Each vLLM unit (role vllm_service): loaded, enabled, active, its drop-ins, its settings as `systemctl show`
+reports them (a value a drop-in changed names the drop-in), its environment, its command line, its env file,
+its `vllm serve --config` file, and the server answering on its address.
 
 Spec mode expects what the role's template renders for the instance; profile mode applies the
-profile's rules to each unit that discovery found.
+profile's rules to each unit that discovery found. A unit systemd did not load (masked, not found, a bad
+setting) fails its `unit file` row, which says what and how to fix it; its other rows are n/a.
 """
 
 import json
 
-from provisioner.audit.checks import UNSET, each, matches, shown
+from provisioner.audit.checks import REPORTED, UNSET, each, matches, shown
+from provisioner.audit.expectations import TIME_SPANS
+from provisioner.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
 from provisioner.audit.suite.instance_files import (
     expect_config_file,
     expect_env_file_content,
@@ -18,6 +21,30 @@ from provisioner.audit.suite.instance_files import (
 from provisioner.secrets import REDACTED, is_secret_name, shown_command
 
 units = each(lambda expected: expected["units"], ids=lambda unit: unit["name"])
+NO_MANAGED_DROPINS = "none that change a managed setting"
+NOT_LOADED = {"masked": "the unit is masked", "not-found": "the unit file is missing",
+              "bad-setting": "the unit has a bad setting", "error": "systemd could not load the unit"}
+UNIT_KEYS = {shown_name: key for key, shown_name in TIME_SPANS.items()}  # `systemctl show` name → unit file key
+
+
+def loaded(audit, unit: dict, facts, check: str, expected) -> None:
+    """Go on only where systemd loaded the unit; else the row is n/a, pointing at the `unit file` row."""
+    state = facts.units[unit["name"]].shown.get("LoadState", "")
+    if state != "loaded":
+        why = NOT_LOADED.get(state, f"the unit is {state or 'unknown to systemd'}")
+        audit.not_applicable(check, expected, f"{why}: see {unit['name']}: unit file")
+
+
+def unit_dropins(unit: dict, facts) -> list[tuple[str, list[dict]]]:
+    """(path, its changes) of each drop-in systemd applies to the unit, in order."""
+    return [(path, dropins.dropin_changes(text, unit.get("managed"))) for path, text in facts.units[unit["name"]].dropins]
+
+
+def from_dropin(unit: dict, facts, setting: str) -> str:
+    """" (from PATH)" where a drop-in changes `setting` (a unit file key or "Environment NAME"): the last
+    one systemd applies; "" where none does."""
+    paths = [path for path, changes in unit_dropins(unit, facts) if dropins.touches(changes, setting)]
+    return f" (from {paths[-1]})" if paths else ""
 
 
 def per_unit(key: str):
@@ -30,23 +57,60 @@ def per_unit(key: str):
 
 @units
 def test_loaded(case, facts, audit):
+    """`UNIT: unit file` — the unit's load state and the file systemd loaded it from, against our unit's path.
+
+    Modes: spec, profile.
+
+    A unit systemd did not load fails here alone, saying what and how to fix it: `masked (PATH -> /dev/null):
+    provision apply unmasks it …`, `not found (no PATH): provision apply writes it`, `bad-setting: …`; every
+    other row of the unit is then n/a (`the unit is masked: see UNIT: unit file`).
+    """
     unit = case.item
     shown_state = facts.units[unit["name"]].shown
-    actual = shown_state["LoadState"]
+    actual = shown_state.get("LoadState") or "unknown to systemd"
     if actual == "loaded":
         actual = f"loaded from {shown_state['FragmentPath']}"
+    else:
+        actual = not_loaded(unit, shown_state, facts.units[unit["name"]].dropins)
     audit.expect(f"{unit['name']}: unit file", f"loaded from {unit['fragment']}", actual)
+
+
+def not_loaded(unit: dict, shown_state: dict, found_dropins: list) -> str:
+    """What is wrong with a unit systemd did not load, and how to fix it."""
+    name, state, ours = unit["name"], shown_state.get("LoadState") or "unknown", unit.get("managed") is not None
+    fragment = shown_state.get("FragmentPath") or unit["fragment"]
+    if state == "masked":
+        runtime = " --runtime" if fragment.startswith("/run/") else ""
+        fix = f"systemctl unmask{runtime} {name}"
+        return f"masked ({fragment} -> /dev/null): " + (
+            f"provision apply unmasks it (by hand: {fix}, then provision apply)" if ours else fix)
+    if state == "not-found":
+        return f"not found (no {unit['fragment']}): provision apply writes it" if ours else "not found"
+    error = shown_state.get("LoadError", "").partition(" ")[2].strip('"') or "no reason given"
+    where = ", ".join([fragment, *(path for path, _ in found_dropins)])
+    return (f"{state}: {error} ({where}): `systemd-analyze verify {name}` names the setting"
+            + ("; provision apply rewrites the unit and removes its own drop-ins that change it" if ours else ""))
 
 
 @units
 def test_enabled(case, facts, audit):
+    """`UNIT: enabled` — the unit file state (`systemctl show UnitFileState`) against `enabled`.
+
+    Modes: spec, profile.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: enabled", "enabled")
     audit.expect(f"{unit['name']}: enabled", "enabled", facts.units[unit["name"]].shown.get("UnitFileState") or UNSET)
 
 
 @units
 def test_active(case, facts, audit):
+    """`UNIT: active` — the unit's ActiveState (and SubState when not active) against `active`.
+
+    Modes: spec, profile.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: active", "active")
     state = facts.units[unit["name"]].shown
     actual = state["ActiveState"] if state["ActiveState"] == "active" else f"{state['ActiveState']} ({state['SubState']})"
     audit.expect(f"{unit['name']}: active", "active", actual)
@@ -54,33 +118,92 @@ def test_active(case, facts, audit):
 
 @units
 def test_unit_file_reloaded(case, facts, audit):
+    """`UNIT: NeedDaemonReload` — whether systemd runs the unit file on disk (`no`: no daemon-reload pending).
+
+    Modes: spec, profile.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: NeedDaemonReload", "no")
     audit.expect(f"{unit['name']}: NeedDaemonReload", "no", facts.units[unit["name"]].shown.get("NeedDaemonReload"))
 
 
 @per_unit("properties")
 def test_property(case, facts, audit):
+    """`UNIT: SETTING` — a [Service] setting as `systemctl show` reports it, against the rendered unit or the rule.
+
+    Modes: spec, profile.
+    """
     unit, name, expected = case.item
-    audit.expect(f"{unit['name']}: {name}", expected, facts.units[unit["name"]].shown.get(name) or UNSET)
+    check = f"{unit['name']}: {name}"
+    loaded(audit, unit, facts, check, expected)
+    actual = facts.units[unit["name"]].shown.get(name) or UNSET
+    audit.expect(check, expected, actual + from_dropin(unit, facts, UNIT_KEYS.get(name, name)),
+                 passed=matches(expected, actual))
 
 
 @per_unit("environment")
 def test_environment(case, facts, audit):
+    """`UNIT: Environment NAME` — a variable of the unit's environment against the rendered unit or the rule.
+
+    Modes: spec, profile.
+
+    A secret's value (an API key, a token) is compared, never shown. A drop-in that sets the variable
+    is named: `1 (from /etc/systemd/system/UNIT.d/override.conf)`.
+    """
     unit, name, expected = case.item
+    check = f"{unit['name']}: Environment {name}"
+    secret = is_secret_name(name)
+    loaded(audit, unit, facts, check, expected if isinstance(expected, dict) or not secret else REDACTED)
     actual = facts.units[unit["name"]].environment.get(name, UNSET)
-    if is_secret_name(name):  # compared, never shown
-        passed = matches(expected, actual)
+    source = from_dropin(unit, facts, f"Environment {name}")
+    passed = matches(expected, actual)
+    if secret:  # compared, never shown
         shown_actual = actual if actual == UNSET else REDACTED if passed else f"{REDACTED} (another value)"
-        audit.expect(f"{unit['name']}: Environment {name}", expected if isinstance(expected, dict) else REDACTED,
-                     shown_actual, passed=passed)
+        audit.expect(check, expected if isinstance(expected, dict) else REDACTED, shown_actual + source, passed=passed)
     else:
-        audit.expect(f"{unit['name']}: Environment {name}", expected, actual)
+        audit.expect(check, expected, actual + source, passed=passed)
 
 
 @units
 def test_command_line(case, facts, audit):
+    """`UNIT: ExecStart` — the command line as systemd runs it, against the rendered unit (spec) or the profile's rule.
+
+    Modes: spec, profile.
+    """
     unit = case.item
-    audit.expect(f"{unit['name']}: ExecStart", unit["command_line"], shown_command(facts.units[unit["name"]].argv))
+    loaded(audit, unit, facts, f"{unit['name']}: ExecStart", unit["command_line"])
+    actual = shown_command(facts.units[unit["name"]].argv)
+    audit.expect(f"{unit['name']}: ExecStart", unit["command_line"], (actual or UNSET) + from_dropin(unit, facts, "ExecStart"),
+                 passed=matches(unit["command_line"], actual))
+
+
+@units
+def test_dropins(case, facts, audit):
+    """`UNIT: drop-ins` — every drop-in systemd applies to the unit (`systemctl show -p DropInPaths`) and what it sets, against none that change a managed setting.
+
+    Modes: spec, profile.
+
+    A managed setting is a key the rendered unit sets (any section), one of its Environment variables, or
+    ExecStart; an empty assignment (`Environment=`, `ExecStart=`) resets a list and changes it too. Drop-ins
+    that change only other settings are listed and pass; profile mode reports every drop-in.
+    """
+    unit = case.item
+    check = f"{unit['name']}: drop-ins"
+    expected = NO_MANAGED_DROPINS if unit.get("managed") is not None else REPORTED
+    loaded(audit, unit, facts, check, expected)
+    found = unit_dropins(unit, facts)
+    described = []
+    for path, changes in found:
+        managed = dropins.changes_managed(changes)
+        others = [change for change in changes if not change["managed"]]
+        text = f"{path} {dropins.describe(managed)}" if managed else f"{path} {dropins.describe(changes)}"
+        if managed and others:
+            text += f" (and {dropins.describe(others)})"
+        elif not managed and unit.get("managed") is not None:
+            text += " (not managed)"
+        described.append(text)
+    audit.expect(check, expected, "; ".join(described) or "none",
+                 passed=not any(dropins.changes_managed(changes) for _, changes in found))
 
 
 def units_with(key: str):
@@ -93,19 +216,35 @@ env_files = units_with("env_file")
 
 @env_files
 def test_env_file_mode(case, facts, audit):
+    """`UNIT: EnvironmentFile mode` — the env file's mode against the one the role sets.
+
+    Modes: spec.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: EnvironmentFile mode", unit["env_file"]["mode"])
     expect_env_file_mode(audit, f"{unit['name']}: EnvironmentFile", unit["env_file"], facts.units[unit["name"]].env_file)
 
 
 @env_files
 def test_env_file_owner(case, facts, audit):
+    """`UNIT: EnvironmentFile owner` — the env file's owner:group against the one the role sets.
+
+    Modes: spec.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: EnvironmentFile owner", unit["env_file"]["owner"])
     expect_env_file_owner(audit, f"{unit['name']}: EnvironmentFile", unit["env_file"], facts.units[unit["name"]].env_file)
 
 
 @env_files
 def test_env_file_content(case, facts, audit):
+    """`UNIT: EnvironmentFile content` — the env file's sha256 against the file rendered with the real key (never shown).
+
+    Modes: spec.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: EnvironmentFile content",
+           f"as rendered (sha256 {unit['env_file']['sha256'][:12]})")
     expect_env_file_content(audit, f"{unit['name']}: EnvironmentFile", unit["env_file"],
                             facts.units[unit["name"]].env_file_sha256)
 
@@ -115,13 +254,24 @@ config_files = units_with("config_file")
 
 @config_files
 def test_config_file(case, facts, audit):
+    """`UNIT: config file PATH` — the `vllm serve --config` file against the rendered one (the first differing line).
+
+    Modes: spec.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: config file {unit['config_file']['path']}",
+           f"as rendered ({len(unit['config_file']['content'].splitlines())} lines)")
     expect_config_file(audit, unit["name"], unit["config_file"], facts.units[unit["name"]].config_text)
 
 
 @units
 def test_listening(case, facts, audit):
+    """`UNIT: listening` — the addresses listening on the server's port (`ss -ltn`) against its bind address.
+
+    Modes: spec, profile.
+    """
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: listening", unit["listen"])
     port = unit["listen"].rsplit(":", 1)[1]
     on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == port)
     audit.expect(f"{unit['name']}: listening", unit["listen"], on_port or f"nothing on port {port}",
@@ -130,16 +280,31 @@ def test_listening(case, facts, audit):
 
 @units
 def test_health(case, facts, audit):
+    """`UNIT: GET URL/health` — the HTTP status of the server's /health, asked on the host itself, against 200.
+
+    Modes: spec, profile.
+
+    URL is where the host itself reaches the server (`http://127.0.0.1:8000` for one bound to every address),
+    as in the containers' `CONTAINER: GET URL/health`.
+    """
     unit = case.item
+    check = f"{unit['name']}: GET {unit['url']}/health"
+    loaded(audit, unit, facts, check, "200")
     answer = facts.units[unit["name"]].http.get("/health", {"error": "no answer"})
-    audit.expect(f"{unit['name']}: GET /health", "200", answer.get("status", answer.get("error")))
+    audit.expect(check, "200", answer.get("status", answer.get("error")))
 
 
 @units
 def test_served_models(case, facts, audit):
+    """`UNIT: GET URL/v1/models` — the model ids the server lists (asked with its own API key) against its served names.
+
+    Modes: spec, profile.
+    """
     unit = case.item
+    check = f"{unit['name']}: GET {unit['url']}/v1/models"
+    loaded(audit, unit, facts, check, unit["served_names"])
     answer = facts.units[unit["name"]].http.get("/v1/models", {"error": "no answer"})
-    audit.expect(f"{unit['name']}: GET /v1/models", shown(unit["served_names"]), model_ids(answer))
+    audit.expect(check, unit["served_names"], model_ids(answer))
 
 
 def model_ids(answer: dict) -> str | list[str]:
@@ -156,9 +321,14 @@ def model_ids(answer: dict) -> str | list[str]:
 
 @units
 def test_ready(case, facts, audit):
-    """The units' own readiness probe, once: /health, then one real request (a 1-token completion,
+    """`UNIT: ready (one request served)` — the unit's own readiness probe's verdict against `ready`.
+
+    Modes: spec, profile.
+
+    The units' own readiness probe, once: /health, then one real request (a 1-token completion,
     one embedding or one rerank, whichever the model serves) with the server's API key."""
     unit = case.item
+    loaded(audit, unit, facts, f"{unit['name']}: ready (one request served)", "ready")
     ready = facts.units[unit["name"]].ready
     lines = (ready.text.strip().splitlines() or ["no output"]) if ready else ["not probed"]
     verdict = lines[-1].removeprefix("wait-ready: ")

@@ -5,10 +5,18 @@ options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /
 Timing, so that `vllm bench serve` measures something: STANDIN_TTFT_MS before the first token,
 STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generating at once (the rest
 wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
-model load."""
+model load.
+
+GPU memory, as real vLLM holds it (tests/fixtures/gpu/h200-processes): not by this process but by a
+child named `VLLM::EngineCore` (its comm and its argv[0]). The child declares on its own command line
+the GPUs it would use (CUDA_VISIBLE_DEVICES, else the first; --tensor-parallel-size of them) and its
+share (--gpu-memory-utilization, vLLM's default 0.9); the TEST DOUBLE nvidia-smi lists it among its
+compute processes from that (declaration: `standin-gpu=VISIBLE standin-count=N standin-share=S`).
+The child ends with this process."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -113,8 +121,32 @@ def serve(options):
             pass
 
     print(f"stand-in vllm {vllm.__version__} (TEST DOUBLE) serving {', '.join(served)} on {host}:{port}", flush=True)
+    start_engine_core(options)
     time.sleep(float(os.environ.get("STANDIN_STARTUP_DELAY", "0")))
     # as vLLM: SIGTERM shuts the server down (in a container it is PID 1, which ignores signals it has no handler for)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 
+
+ENGINE_CORE = """\
+import ctypes, os, sys, time
+parent = int(sys.argv[1])  # the server's pid, from the server: it may have ended before this line runs
+try:  # as vLLM's setproctitle: the name ps and nvidia-smi show
+    libc = ctypes.CDLL(None)
+    libc.prctl(15, b"VLLM::EngineCore", 0, 0, 0)  # PR_SET_NAME
+    libc.prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGTERM when the server goes
+except (OSError, AttributeError):
+    pass
+while os.getppid() == parent:
+    time.sleep(1)
+"""
+
+
+def start_engine_core(options):
+    """The child that 'holds' the GPU memory (see the module docstring)."""
+    declaration = [f"standin-gpu={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+                   f"standin-count={int(options.get('tensor_parallel_size') or 1)}",
+                   f"standin-share={float(options.get('gpu_memory_utilization') or 0.9)}"]
+    return subprocess.Popen(["VLLM::EngineCore", "-c", ENGINE_CORE, str(os.getpid()), *declaration],
+                            executable=sys.executable,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

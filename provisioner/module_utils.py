@@ -1,8 +1,8 @@
-"""The collection's module_utils, loaded into the package: one copy of the code for both.
+"""The collection's module_utils, loaded into the package: one copy of the code for the modules and the audit.
 
-Ansible ships plugins/module_utils/nvidia_gpu_*.py to the targets with the module `nvidia_gpu`;
-the package loads the same files (as `plan` reads the roles' templates), on first use, not at import.
-They use the standard library alone.
+Ansible ships plugins/module_utils/*.py to the targets with the modules that import them (nvidia_gpu,
+sysctl_precedence, unit_overrides); the package loads the same files (as `plan` reads the roles'
+templates), on first use, not at import. They use the standard library alone.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from types import ModuleType
 
 from provisioner.paths import module_utils_file
 
-SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings"}
+SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings", "sysctl_files": "sysctl_files",
+          "systemd_dropins": "systemd_dropins"}
 
 
 def load_module_utils(name: str) -> ModuleType:
-    """plugins/module_utils/<name>.py as the module provisioner.gpu.shared.<name>."""
+    """plugins/module_utils/<name>.py as the module provisioner.module_utils.<name>."""
     qualified = f"{__name__}.{name}"
     if qualified not in sys.modules:
         spec = importlib.util.spec_from_file_location(qualified, module_utils_file(name))
@@ -28,7 +29,7 @@ def load_module_utils(name: str) -> ModuleType:
 
 
 def __getattr__(attribute: str) -> ModuleType:
-    """`from provisioner.gpu.shared import gpu_facts` loads the file then (PEP 562)."""
+    """`from provisioner.module_utils import gpu_facts` loads the file then (PEP 562)."""
     if attribute in SHARED:
         return load_module_utils(SHARED[attribute])
     raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -1,0 +1,24 @@
+"""The vLLM the vllm_install role installs: the version in its venv against the pinned one.
+
+Spec mode, on the hosts where the role runs (not where every instance runs in a container). The version is
+read from the venv's package metadata (`importlib.metadata`), without importing vLLM.
+"""
+
+from provisioner.audit.checks import each
+
+installs = each(lambda expected: [expected["vllm_install"]] if expected.get("vllm_install") else [],
+                ids=lambda install: install["venv"])
+
+
+@installs
+def test_vllm_version(case, facts, audit):
+    """`vLLM in VENV` — the vLLM version installed in the role's venv against `vllm_install_version` (the spec's `vllm.version`).
+
+    Modes: spec.
+    """
+    install, read = case.item, facts.vllm_version
+    check = f"vLLM in {install['venv']}"
+    lines = read.text.strip().splitlines() if read is not None else []
+    if read is None or read.rc != 0:
+        audit.expect(check, install["version"], f"({lines[-1] if lines else 'unreadable'})", passed=False)
+    audit.expect(check, install["version"], lines[-1] if lines else "(no version)")

@@ -1,0 +1,99 @@
+"""The drift matrix (tests/integration/drift_matrix.py) on one applied lab host: each drift planted
+alone is failed by exactly its rows, with its expected and actual; check mode of the roles that repair
+it changes nothing and predicts as many changes as the real run makes; that run repairs it (or stops
+with the fix, which the user then runs); the audit passes again before the next drift is planted.
+
+One host for the whole table (a boot and a first apply cost about two minutes); each repair runs only
+the roles that the drift's entry names (apply --tags), as a user fixing that one thing would.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from provisioner.apply import ApplyResult, Controls, apply_spec
+from provisioner.audit.expectations import spec_targets
+from provisioner.audit.runner import audit_hosts, disconnect
+from tests.integration.drift_matrix import DRIFTS, GPU_BOOT_UNIT, OTHER_VLLM_VERSION, OTHER_VLLM_WHEEL, UNIT, Drift
+from tests.integration.test_audit import applied_spec, lab_connection
+from tests.lab.specs import fake_gpu_uuid, standin_wheelhouse
+
+
+def failing_rows(spec) -> dict[str, tuple[str, str]]:
+    """{check: (expected, actual)} of every row that did not pass (n/a allowed); a host that could
+    not be audited fails the test with its reason."""
+    (report,) = audit_hosts(spec_targets(spec)).values()
+    assert report.error is None, report.error
+    return {check.check: (check.expected, check.actual) for check in report.checks if check.status not in ("passed", "n/a")}
+
+
+def wait_until_clean(spec, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while failing_rows(spec):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(3)
+    return True
+
+
+def main_pid(host) -> str:
+    return host.ssh(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+
+
+def said(result: ApplyResult) -> str:
+    return " ".join(problem.message for problem in result.problems) + result.output_tail
+
+
+@pytest.fixture(scope="module")
+def applied_host(lab, tmp_path_factory):
+    (host,) = lab.boot_many([f"dm{lab.boot_count}"])
+    folder = tmp_path_factory.mktemp("drift-matrix")
+    key_file = folder / "chat.key"
+    key_file.write_text("sk-drift-matrix-secret-7\n")
+    # the TEST DOUBLE vLLM of another version, for the entry that installs it by hand
+    host.put(standin_wheelhouse(OTHER_VLLM_VERSION) / f"vllm-{OTHER_VLLM_VERSION}-py3-none-any.whl", OTHER_VLLM_WHEEL,
+             mode="0644")
+    spec = applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
+    assert failing_rows(spec) == {}, "the audit fails right after the first apply"
+    yield host, spec
+    disconnect([lab_connection(host)])
+    lab.destroy(host)
+
+
+@pytest.mark.parametrize("drift", DRIFTS, ids=[drift.name.replace(" ", "-") for drift in DRIFTS])
+def test_a_drift_alone_fails_exactly_its_rows_check_mode_predicts_the_repair_and_apply_makes_it(applied_host,
+                                                                                              drift: Drift):
+    host, spec = applied_host
+    if failing_rows(spec):  # an earlier entry's failure left the host drifted: converge it, so that this one stands alone
+        assert apply_spec(spec).succeeded
+        assert failing_rows(spec) == {}, "the host does not converge: the entries after a broken one cannot run"
+
+    host.ssh(drift.plant)
+    exited = host.ssh(f"systemctl show -p ExecMainExitTimestamp --value {GPU_BOOT_UNIT}").stdout.strip()
+    expected = drift.expected_rows(address=host.address, uuid=fake_gpu_uuid(host), unit=UNIT, exited=exited)
+    assert failing_rows(spec) == expected
+
+    tags = Controls(tags=drift.tags)
+    if drift.heals_by_itself:
+        assert wait_until_clean(spec, 60), "systemd did not repair it"
+        assert apply_spec(spec, controls=tags).changed == 0
+        return
+    predicted = apply_spec(spec, check=True, controls=tags)
+    assert failing_rows(spec) == expected, "check mode changed the host"
+    if drift.refused is not None:
+        assert not predicted.succeeded and drift.refused in said(predicted), said(predicted)
+        server = main_pid(host)
+        refused = apply_spec(spec, controls=tags)
+        assert not refused.succeeded, "apply went on where it must stop"
+        assert drift.refused in said(refused), said(refused)
+        assert refused.changed == 0 and main_pid(host) == server, "apply stopped, but changed the host"
+        assert failing_rows(spec) == expected
+        host.ssh(drift.fix)
+        predicted = apply_spec(spec, check=True, controls=tags)
+    assert predicted.succeeded, predicted.problems
+    repair = apply_spec(spec, controls=tags)
+    assert repair.succeeded, repair.problems
+    assert predicted.changed == repair.changed, (predicted.changed, repair.changed)
+    assert failing_rows(spec) == {}
