@@ -11,12 +11,14 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from contextlib import contextmanager
 
 import pytest
 
 from provisioner.apply import apply_spec
 from provisioner.audit.expectations import Connection, spec_targets
-from provisioner.audit.runner import HostReport, audit_hosts, disconnect, exit_code
+from provisioner.audit.runner import HostReport, audit_hosts, disconnect
 from provisioner.spec import load_spec
 from tests.lab.specs import (
     MODEL,
@@ -85,17 +87,40 @@ def audited_boot(lab):
         lab.destroy(host)
 
 
+@contextmanager
+def chat_host(lab, folder, prefix: str, api_key: str, before_apply: Callable[[object], None] = lambda host: None):
+    """One booted host (named PREFIX<n>) with the spec applied: the instance `chat` (port 8000, GPU 0 at 0.9,
+    `api_key` from a file in `folder`); `before_apply(host)` runs first. Yields (host, spec); the audit's SSH
+    master is closed and the host removed afterwards."""
+    (host,) = lab.boot_many([f"{prefix}{lab.boot_count}"])
+    try:
+        key_file = folder / "chat.key"
+        key_file.write_text(api_key + "\n")
+        before_apply(host)
+        yield host, applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
+    finally:
+        disconnect([lab_connection(host)])
+        lab.destroy(host)
+
+
+def failing_rows(spec) -> dict[str, tuple[str, str]]:
+    """{check: (expected, actual)} of the spec's one host's rows that did not pass (n/a allowed); a host
+    that could not be audited fails the test with its reason."""
+    report = audit_one(spec)
+    assert report.error is None, report.error
+    return not_passed(report)
+
+
+def main_pid(host) -> str:
+    return host.ssh(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def applied(lab, tmp_path_factory):
     """One host with the spec applied (an instance with an API key); tests here only read it."""
-    (host,) = lab.boot_many([f"au{lab.boot_count}"])
     folder = tmp_path_factory.mktemp("applied")
-    key_file = folder / "chat.key"
-    key_file.write_text("sk-audit-secret-42\n")
-    spec = applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
-    yield host, spec, folder
-    disconnect([lab_connection(host)])
-    lab.destroy(host)
+    with chat_host(lab, folder, "au", "sk-audit-secret-42") as (host, spec):
+        yield host, spec, folder
 
 
 def test_audit_passes_right_after_apply(applied):

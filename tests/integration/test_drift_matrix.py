@@ -14,19 +14,9 @@ import time
 import pytest
 
 from provisioner.apply import ApplyResult, Controls, apply_spec
-from provisioner.audit.expectations import spec_targets
-from provisioner.audit.runner import audit_hosts, disconnect
 from tests.integration.drift_matrix import DRIFTS, GPU_BOOT_UNIT, OTHER_VLLM_VERSION, OTHER_VLLM_WHEEL, UNIT, Drift
-from tests.integration.test_audit import applied_spec, lab_connection
+from tests.integration.test_audit import chat_host, failing_rows, main_pid
 from tests.lab.specs import fake_gpu_uuid, standin_wheelhouse
-
-
-def failing_rows(spec) -> dict[str, tuple[str, str]]:
-    """{check: (expected, actual)} of every row that did not pass (n/a allowed); a host that could
-    not be audited fails the test with its reason."""
-    (report,) = audit_hosts(spec_targets(spec)).values()
-    assert report.error is None, report.error
-    return {check.check: (check.expected, check.actual) for check in report.checks if check.status not in ("passed", "n/a")}
 
 
 def wait_until_clean(spec, seconds: float) -> bool:
@@ -38,28 +28,22 @@ def wait_until_clean(spec, seconds: float) -> bool:
     return True
 
 
-def main_pid(host) -> str:
-    return host.ssh(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
-
-
 def said(result: ApplyResult) -> str:
     return " ".join(problem.message for problem in result.problems) + result.output_tail
 
 
-@pytest.fixture(scope="module")
-def applied_host(lab, tmp_path_factory):
-    (host,) = lab.boot_many([f"dm{lab.boot_count}"])
-    folder = tmp_path_factory.mktemp("drift-matrix")
-    key_file = folder / "chat.key"
-    key_file.write_text("sk-drift-matrix-secret-7\n")
-    # the TEST DOUBLE vLLM of another version, for the entry that installs it by hand
+def put_other_vllm_wheel(host) -> None:
+    """The TEST DOUBLE vLLM of another version, for the entry that installs it by hand."""
     host.put(standin_wheelhouse(OTHER_VLLM_VERSION) / f"vllm-{OTHER_VLLM_VERSION}-py3-none-any.whl", OTHER_VLLM_WHEEL,
              mode="0644")
-    spec = applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
-    assert failing_rows(spec) == {}, "the audit fails right after the first apply"
-    yield host, spec
-    disconnect([lab_connection(host)])
-    lab.destroy(host)
+
+
+@pytest.fixture(scope="module")
+def applied_host(lab, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("drift-matrix")
+    with chat_host(lab, folder, "dm", "sk-drift-matrix-secret-7", before_apply=put_other_vllm_wheel) as (host, spec):
+        assert failing_rows(spec) == {}, "the audit fails right after the first apply"
+        yield host, spec
 
 
 @pytest.mark.parametrize("drift", DRIFTS, ids=[drift.name.replace(" ", "-") for drift in DRIFTS])

@@ -12,9 +12,9 @@ import pytest
 
 from provisioner.apply import Controls, apply_spec
 from provisioner.audit.expectations import spec_targets
-from provisioner.audit.runner import audit_hosts, disconnect
+from provisioner.audit.runner import audit_hosts
 from tests.integration.drift_matrix import DRIFTS
-from tests.integration.test_audit import applied_spec, lab_connection
+from tests.integration.test_audit import chat_host, main_pid
 from tests.lab.specs import fake_gpu_uuid
 
 UNIT = "vllm-chat.service"
@@ -42,25 +42,15 @@ def changed_tasks(tasks) -> list[str]:
     return [task.label for task in tasks if task.status == "changed"]
 
 
-def main_pid(host) -> str:
-    return host.ssh(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
-
-
 def exists(host, path: str) -> bool:
     return host.ssh(f"test -e {path} || test -L {path}", check=False).returncode == 0
 
 
 @pytest.fixture(scope="module")
 def applied(lab, tmp_path_factory):
-    (host,) = lab.boot_many([f"uc{lab.boot_count}"])
-    folder = tmp_path_factory.mktemp("unit-dropins")
-    key_file = folder / "chat.key"
-    key_file.write_text("sk-dropins-secret-3\n")
-    spec = applied_spec([host], folder / "spec.yml", api_key_file=str(key_file))
-    assert failing(rows(spec)) == {}
-    yield host, spec
-    disconnect([lab_connection(host)])
-    lab.destroy(host)
+    with chat_host(lab, tmp_path_factory.mktemp("unit-dropins"), "uc", "sk-dropins-secret-3") as (host, spec):
+        assert failing(rows(spec)) == {}
+        yield host, spec
 
 
 def test_our_own_dropin_fails_its_rows_check_mode_predicts_its_removal_apply_removes_it(applied):
