@@ -9,7 +9,7 @@ re-implements a unit or a config file in Python.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -83,9 +83,10 @@ class HostPlan:
         return [self.sysctl_file, *self.nouveau_files, *unit_files]
 
 
-def build_plan(spec: Spec) -> list[HostPlan]:
-    """One plan per host, in spec order."""
-    return [host_plan(host, spec.instances_on(host.name)) for host in spec.hosts]
+def build_plan(spec: Spec, hosts: Iterable[str] | None = None) -> list[HostPlan]:
+    """One plan per host (only those named in `hosts`, when given), in spec order."""
+    chosen = None if hosts is None else set(hosts)
+    return [host_plan(host, spec.instances_on(host.name)) for host in spec.hosts if chosen is None or host.name in chosen]
 
 
 def host_plan(host: Host, instances: list[Instance]) -> HostPlan:
@@ -184,21 +185,22 @@ def render_role_file(role: str, template: str, variables: dict[str, Any]) -> Pla
     task = find_task_args(role, "template", lambda args: args.get("src") == template)
     return PlannedFile(
         path=render_string(task["dest"], variables),
-        content=_environment().get_template(f"{role}/templates/{template}").render(variables),
+        content=_environment(role).get_template(template).render(variables),
         mode=task.get("mode"),
         role=role,
     )
 
 
-def render_string(text: str, variables: dict[str, Any]) -> str:
-    return _environment().from_string(text).render(variables)
+def render_string(text: str, variables: dict[str, Any], role: str = ROLES[0]) -> str:
+    return _environment(role).from_string(text).render(variables)
 
 
 @cache
-def _environment() -> jinja2.Environment:
-    """Plain Jinja2 set up as Ansible's template module sets it up."""
+def _environment(role: str) -> jinja2.Environment:
+    """Plain Jinja2 set up as Ansible's template module sets it up for a role's template: templates
+    it includes or imports are looked up in the role's templates/ folder, as Ansible looks them up."""
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(role_dir(ROLES[0]).parent),
+        loader=jinja2.FileSystemLoader(role_dir(role) / "templates"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         keep_trailing_newline=True,
