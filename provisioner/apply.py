@@ -24,7 +24,8 @@ from provisioner.selection import select_hosts
 from provisioner.ansible_config import ansible_environment, collections_paths
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import write_inventory
-from provisioner.spec import Spec
+from provisioner.preflight import check_preflight
+from provisioner.spec import Host, Spec
 
 RESULT_EVENTS = {
     "runner_on_ok": "ok",
@@ -118,14 +119,28 @@ class Controls:
 
 def site_tags() -> list[str]:
     """The tags of the site playbook's roles (playbooks/site.yml), in play order."""
-    plays = yaml.safe_load((paths.PLAYBOOKS_DIR / "site.yml").read_text(encoding="utf-8")) or []
     tags: list[str] = []
-    for play in plays:
-        for role in play.get("roles") or []:
-            for tag in (role.get("tags") or []) if isinstance(role, dict) else []:
-                if tag not in tags:
-                    tags.append(tag)
+    for role in _site_roles():
+        role_tags = (role.get("tags") or []) if isinstance(role, dict) else []
+        tags += [tag for tag in role_tags if tag not in tags]
     return tags
+
+
+def phase_tags() -> list[str]:
+    """The tags of the roles' phases (sysctl_preflight, vllm_service_configure, ...: the tags on the
+    imports of each site role's tasks/main.yml), in play order."""
+    tags: list[str] = []
+    for role in _site_roles():
+        name = (role.get("role") if isinstance(role, dict) else role).rsplit(".", 1)[-1]
+        for task in yaml.safe_load((paths.role_dir(name) / "tasks" / "main.yml").read_text(encoding="utf-8")) or []:
+            tags += [tag for tag in task.get("tags") or [] if tag not in tags]
+    return tags
+
+
+def _site_roles() -> list[dict | str]:
+    """The role entries of the site playbook's plays, in play order."""
+    plays = yaml.safe_load((paths.PLAYBOOKS_DIR / "site.yml").read_text(encoding="utf-8")) or []
+    return [role for play in plays for role in play.get("roles") or []]
 
 
 def split_tags(values: Sequence[str]) -> tuple[str, ...]:
@@ -157,12 +172,12 @@ def extra_vars_data(extra: str) -> dict:
 def check_controls(controls: Controls) -> None:
     """Raise ControlError for anything ansible-playbook would refuse or that would weaken host key
     checking, before any host is touched."""
-    known = site_tags()
+    roles, phases = site_tags(), phase_tags()
     for option, tags in (("--tags", controls.tags), ("--skip-tags", controls.skip_tags)):
-        unknown = [tag for tag in tags if tag not in known]
+        unknown = [tag for tag in tags if tag not in roles + phases]
         if unknown:
             raise ControlError(f"{option}: no role tagged {', '.join(map(repr, unknown))} — the tags are: "
-                               f"{', '.join(known)}")
+                               f"{', '.join(roles)}, and a role's phases: {', '.join(phases)}")
     for extra in controls.extra_vars:
         refused = sorted(set(extra_vars_data(extra)) & set(TRUST_VARS))
         if refused:
@@ -397,6 +412,17 @@ def run_playbook(
     return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail)
 
 
+def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:
+    """The hosts `hosts` stand for, once the names, the controls, the user's Ansible configuration and
+    the preflight (provisioner.preflight: memory) allow a run: else SelectionError, ControlError,
+    AnsibleConfigError or PreflightError, and no host is touched."""
+    chosen = select_hosts(spec, hosts)
+    check_controls(controls)
+    ansible_environment()  # the user's configuration is usable, before any host is contacted
+    check_preflight(spec, chosen)  # vLLM would refuse to start
+    return chosen
+
+
 def apply_spec(
     spec: Spec,
     *,
@@ -410,13 +436,10 @@ def apply_spec(
     """Generate the spec's inventory into a private folder and run the playbook on `hosts` (host or
     group names, `all`; none: every host of the spec).
 
-    First the names and the controls are checked (SelectionError, ControlError, AnsibleConfigError:
-    nothing touched); then every chosen host's key (all at once): a host whose key is unknown or
-    changed is not run on; it is reported unreachable, with the fingerprints and the fix, and the
-    others go on."""
-    chosen = select_hosts(spec, hosts)
-    check_controls(controls)
-    ansible_environment()  # the user's configuration is usable, before any host is contacted
+    First `check_apply` (nothing touched when it raises); then every chosen host's key (all at once):
+    a host whose key is unknown or changed is not run on; it is reported unreachable, with the
+    fingerprints and the fix, and the others go on."""
+    chosen = check_apply(spec, hosts, controls)
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec.source_path, host.name)) for host in chosen])
     refusals = [TaskResult(name, "", f"connect to {check.address}:{check.port}", "unreachable", check.reason())

@@ -1,48 +1,35 @@
 """What `apply` would do to each host, computed without touching it.
 
-One source: the plan renders the roles' own templates with plain Jinja2, from the
-roles' `defaults/main.yml` overlaid with the host's generated host_vars, and takes
-each file's destination and mode from the role's own template task. Nothing here
-re-implements a unit or a config file in Python.
+One source: the roles, read as data (provisioner/roles.py): their own templates rendered from
+their defaults overlaid with the host's generated host_vars, each file where the role's own
+template task puts it. Nothing here re-implements a unit or a config file in Python.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from functools import cache
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import yaml
-
+from provisioner.file_formats import compose_environment, env_file_environment, unit_environment
 from provisioner.gpu.topology import tensor_parallel_p2p_warnings
-from provisioner.inventory import host_vars
-from provisioner.paths import role_dir
+from provisioner.memory_plan import GpuMemory, host_memory
+from provisioner.preflight import memory_problems
+from provisioner.remote import is_loopback
+from provisioner.roles import (
+    COMPOSE_UNIT_TEMPLATE,
+    CONFIG_TEMPLATE,
+    ENV_TEMPLATE,
+    NOUVEAU_TEMPLATES,
+    UNIT_TEMPLATES,
+    PlannedFile,
+    find_task_args,
+    host_variables,
+    render_role_file,
+    render_string,
+)
 from provisioner.spec import Host, Instance, Spec
-from provisioner.vllm.planning import GpuMemory, host_memory
-
-ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service")  # site.yml's order
-UNIT_TEMPLATE = "vllm-instance.service.j2"
-QUADLET_TEMPLATE = "vllm-instance.container.j2"
-COMPOSE_TEMPLATE = "vllm-instance.compose.yaml.j2"
-COMPOSE_UNIT_TEMPLATE = "vllm-instance.compose.service.j2"
-UNIT_TEMPLATES = {None: UNIT_TEMPLATE, "podman": QUADLET_TEMPLATE, "docker": COMPOSE_TEMPLATE}  # by container engine
-ENV_TEMPLATE = "vllm-instance.env.j2"
-CONFIG_TEMPLATE = "vllm-instance.yaml.j2"
-NOUVEAU_TEMPLATES = ("blacklist-nouveau.conf.j2", "grub-nouveau.cfg.j2")
-
-
-@dataclass(frozen=True)
-class PlannedFile:
-    """A file a role writes: where, with which mode, and its rendered content."""
-
-    path: str
-    content: str
-    mode: str | None
-    role: str
 
 
 @dataclass(frozen=True)
@@ -73,7 +60,7 @@ class HostPlan:
     @property
     def memory_problems(self) -> list[str]:
         """What would keep an instance from starting (vLLM checks memory at start): apply refuses to run."""
-        return [f"{self.host} {gpu.label}: {problem}" for gpu in self.memory for problem in gpu.problems]
+        return memory_problems(self.host, self.memory)
 
     @property
     def files(self) -> list[PlannedFile]:
@@ -90,7 +77,14 @@ def build_plan(spec: Spec, hosts: Iterable[str] | None = None) -> list[HostPlan]
 
 
 def host_plan(host: Host, instances: list[Instance]) -> HostPlan:
-    variables = {**role_defaults(), **host_vars(host, instances)}
+    """The files the roles write on `host`, with the warnings and the memory plan of its instances."""
+    plan = host_files(host, host_variables(host, instances))
+    return replace(plan, warnings=host_warnings(host, instances), memory=host_memory(host, instances))
+
+
+def host_files(host: Host, variables: dict[str, Any]) -> HostPlan:
+    """The files the roles write on `host`, from the roles' variables there (`roles.host_variables`):
+    what the audit compares, without warnings or a memory plan."""
     nouveau_enabled = variables["nouveau_blacklist_enabled"]
     nouveau_files = [render_role_file("nouveau", name, variables) for name in NOUVEAU_TEMPLATES]
     return HostPlan(
@@ -102,8 +96,6 @@ def host_plan(host: Host, instances: list[Instance]) -> HostPlan:
         removed_files=[] if nouveau_enabled else [file.path for file in nouveau_files],
         fstab_line=fstab_line(variables),
         units=[planned_unit(index, variables) for index in range(len(variables["vllm_service_instances"]))],
-        warnings=host_warnings(host, instances),
-        memory=host_memory(host, instances),
     )
 
 
@@ -157,154 +149,3 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
         )
     warnings += tensor_parallel_p2p_warnings(host, instances)
     return warnings
-
-
-def is_loopback(address: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches."""
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-# --------------------------------------------------------------------------- the roles, read as data
-
-
-@cache
-def role_defaults() -> dict[str, Any]:
-    """The roles' defaults/main.yml merged (they are literal values, no Jinja)."""
-    merged: dict[str, Any] = {}
-    for role in ROLES:
-        path = role_dir(role) / "defaults" / "main.yml"
-        merged.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
-    return merged
-
-
-def render_role_file(role: str, template: str, variables: dict[str, Any]) -> PlannedFile:
-    """Render roles/<role>/templates/<template> where the role's template task puts it."""
-    task = find_task_args(role, "template", lambda args: args.get("src") == template)
-    return PlannedFile(
-        path=render_string(task["dest"], variables),
-        content=_environment(role).get_template(template).render(variables),
-        mode=task.get("mode"),
-        role=role,
-    )
-
-
-def render_string(text: str, variables: dict[str, Any], role: str = ROLES[0]) -> str:
-    return _environment(role).from_string(text).render(variables)
-
-
-@cache
-def _environment(role: str) -> jinja2.Environment:
-    """Plain Jinja2 set up as Ansible's template module sets it up for a role's template: templates
-    it includes or imports are looked up in the role's templates/ folder, as Ansible looks them up."""
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(role_dir(role) / "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
-def find_task_args(role: str, module: str, matches: Callable[[dict], bool]) -> dict[str, Any]:
-    """The arguments of the role's first `module` task (short or ansible.builtin name) that `matches`."""
-    names = (module, f"ansible.builtin.{module}")
-    for task in _role_tasks(role):
-        for name in names:
-            args = task.get(name)
-            if isinstance(args, dict) and matches(args):
-                return args
-    raise LookupError(f"role {role} has no matching {module} task (looked in {role_dir(role) / 'tasks'})")
-
-
-def _role_tasks(role: str) -> Iterator[dict]:
-    for path in sorted((role_dir(role) / "tasks").glob("*.yml")):
-        yield from _flatten(yaml.safe_load(path.read_text(encoding="utf-8")) or [])
-
-
-def _flatten(tasks: list) -> Iterator[dict]:
-    for task in tasks:
-        if not isinstance(task, dict):
-            continue
-        yield task
-        for section in ("block", "rescue", "always"):
-            yield from _flatten(task.get(section) or [])
-
-
-# --------------------------------------------------------------------------- environment of a unit
-
-
-def unit_environment(unit: str) -> dict[str, str]:
-    """The variables set by the Environment= lines of a unit or a quadlet, read as systemd reads them.
-
-    systemd undoes %% first, then splits the line into words (quotes and C escapes undone); a line
-    with an unbalanced quote is ignored, as systemd ignores it. A quadlet's [Container] values go into
-    the podman command line of its unit's ExecStart=, where systemd also turns $$ into $.
-    """
-    environment = {}
-    section = ""
-    for line in unit.splitlines():
-        if line.startswith("[") and line.rstrip().endswith("]"):
-            section = line.strip()
-        elif line.startswith("Environment="):
-            setting = line.removeprefix("Environment=").replace("%%", "%")
-            for assignment in systemd_words(setting) or []:
-                key, _, value = assignment.partition("=")
-                environment[key] = value.replace("$$", "$") if section == "[Container]" else value
-    return environment
-
-
-_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-              "\\": "\\", '"': '"', "'": "'", "s": " "}
-
-
-def systemd_words(text: str) -> list[str] | None:
-    """The words of a unit setting as systemd's extract_first_word(UNQUOTE|CUNESCAPE) splits them;
-    None where systemd refuses the line (an unbalanced quote, an unknown escape). The \\x, \\u and
-    octal escapes are not read: the templates never write them."""
-    words: list[str] = []
-    word: list[str] | None = None  # None: between words
-    quote = ""
-    characters = iter(text)
-    for char in characters:
-        if char == "\\":
-            escaped = _C_ESCAPES.get(next(characters, ""))
-            if escaped is None:
-                return None
-            word = (word or []) + [escaped]
-        elif quote and char == quote:
-            quote = ""
-        elif quote:
-            word.append(char)
-        elif char in "\"'":
-            quote, word = char, word or []
-        elif char in " \t":
-            if word is not None:
-                words.append("".join(word))
-            word = None
-        else:
-            word = (word or []) + [char]
-    if quote:
-        return None
-    if word is not None:
-        words.append("".join(word))
-    return words
-
-
-def compose_environment(compose: str) -> dict[str, str]:
-    """The variables a compose file's service sets (`environment:`), $$ undone."""
-    service = yaml.safe_load(compose)["services"]["vllm"]
-    return {key: str(value).replace("$$", "$") for key, value in (service.get("environment") or {}).items()}
-
-
-def env_file_environment(content: str) -> dict[str, str]:
-    """The variables of an EnvironmentFile= (KEY=VALUE lines; comments skipped)."""
-    environment = {}
-    for line in content.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            environment[key.strip()] = value.strip()
-    return environment

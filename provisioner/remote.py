@@ -1,21 +1,62 @@
-"""Run commands on a spec host: over SSH with the options the audit uses, or right here when the host is
-this machine (a loopback address or localhost: `provision` runs on the GPU server itself).
+"""Reaching a spec host: its SSH connection and the ssh options every command that connects uses
+(host keys checked strictly: provisioner/hostkeys.py), and running commands there — over SSH, or right
+here when the host is this machine (a loopback address or localhost: `provision` runs on the GPU server itself).
 
 Commands are shell text run by bash on the host; secrets travel on stdin, never on a command line.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.audit.expectations import Connection, spec_connection
-from provisioner.audit.runner import connection_options
-from provisioner.hostkeys import Endpoint, explain_refusal, trust_command
-from provisioner.plan import is_loopback
+from provisioner.hostkeys import Endpoint, explain_refusal, ssh_options, trust_command
 from provisioner.spec import Host
+
+CONNECT_TIMEOUT_S = 5
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach a host over SSH."""
+
+    address: str
+    user: str = "root"
+    port: int = 22
+    key: str | None = None
+    known_hosts: str | None = None
+    sudo: bool = False
+
+
+def spec_connection(host: Host) -> Connection:
+    ssh = host.ssh
+    return Connection(host.address, ssh.user, ssh.port, ssh.key, ssh.known_hosts, ssh.become)
+
+
+def connection_options(connection: Connection) -> list[str]:
+    options = [
+        f"HostName {connection.address}",
+        f"User {connection.user}",
+        f"Port {connection.port}",
+        "BatchMode yes",
+        f"ConnectTimeout {CONNECT_TIMEOUT_S}",
+        "ServerAliveInterval 15",
+        "LogLevel ERROR",
+    ]
+    if connection.key:
+        options += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
+    return options + ssh_options(connection.known_hosts)  # strict: see provisioner/hostkeys.py
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 class RemoteError(RuntimeError):

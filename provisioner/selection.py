@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from provisioner.spec import Host, Spec
+if TYPE_CHECKING:  # annotations only: the CLI finds the spec file without loading the spec's models
+    from provisioner.spec import Host, Spec
 
 SPEC_ENV = "PROVISION_SPEC"
 DEFAULT_SPEC = Path("provision.yml")

@@ -1,4 +1,4 @@
-"""The spec's JSON Schema and its reference page, both generated from the pydantic model (provisioner/spec.py).
+"""The spec's JSON Schema and its reference page, both generated from the pydantic model (provisioner/spec/models.py).
 
 - `spec_schema()` / `schema_text()`: the JSON Schema with every field's description, default and constraints,
   declared as draft-07: the draft editors with yaml-language-server (VS Code's YAML extension) fully support, and
@@ -77,7 +77,7 @@ def reference_markdown() -> str:
     lines = [
         "# The spec",
         "",
-        "<!-- Generated from provisioner/spec.py by `.venv/bin/python -m provisioner.spec_docs`; do not edit: "
+        "<!-- Generated from provisioner/spec/models.py by `.venv/bin/python -m provisioner.spec_docs`; do not edit: "
         "tests/unit/test_docs.py fails when this file and the model differ. -->",
         "",
         "One YAML file names the hosts, their GPUs and the vLLM instances they run. Commands find it as "

@@ -131,7 +131,7 @@ def checks_markdown(sections: list[Section]) -> str:
         "item it checks (a unit, a key, a GPU…). The row's name is the template with its placeholders "
         "(upper-case words: UNIT, KEY, PATH, N…) filled in; each row has an expected and an actual value and a "
         "status (passed, failed, n/a, error). **mode**: where the check runs — `spec` (hosts of the spec, "
-        "expecting exactly what apply sets), `profile` (`--host`, a server we did not build, against a profile's "
+        "expecting exactly what apply sets), `profile` (`audit host`, a server we did not build, against a profile's "
         "rules) or `both`. How the modes and the reports work: [audit.md](audit.md).",
     ]
     for section in sections:

@@ -26,7 +26,7 @@ import testinfra
 import yaml
 
 from provisioner.audit import processes
-from provisioner.audit.expectations import is_vllm_command
+from provisioner.audit.processes import is_vllm_command
 from provisioner.audit.suite.facts import Output, json_answer, run_commands
 from provisioner.audit.text import show_blocks, shown_argv
 

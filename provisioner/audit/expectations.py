@@ -1,8 +1,8 @@
 """What the audit expects on each host, taken from the same sources apply uses.
 
-Spec mode: per host, the roles' variables (`plan.role_defaults()` overlaid with the host_vars that
-`build_inventory(spec)` generates: exactly what the roles read) and the files the roles' own
-templates render (`build_plan(spec)`). Nothing here states an expected value of its own.
+Spec mode: per host, the roles' variables (`roles.host_variables`: their defaults overlaid with the
+host_vars the inventory generates, exactly what the roles read) and the files the roles' own
+templates render (`plan.host_files`). Nothing here states an expected value of its own.
 
 Profile mode (a server we did not build): the values of a profile (profiles/<name>.yml) in the same
 variable shapes, and its rules applied to each vLLM unit, container and bare process that discovery found.
@@ -15,32 +15,30 @@ A target is plain JSON data: the suite reads it in its own pytest process.
 from __future__ import annotations
 
 import hashlib
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from provisioner.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
 from provisioner.module_utils import systemd_dropins
-from provisioner.inventory import build_inventory
-from provisioner.plan import (
+from provisioner.paths import role_dir
+from provisioner.plan import HostPlan, PlannedUnit, host_files
+from provisioner.remote import Connection, spec_connection
+from provisioner.roles import (
     ENV_TEMPLATE,
     UNIT_TEMPLATES,
-    HostPlan,
-    PlannedUnit,
-    build_plan,
     find_task_args,
+    host_variables,
     render_role_file,
     render_string,
     role_defaults,
-    unit_environment,
+    role_vars,
 )
-from provisioner.paths import role_dir
-from provisioner.audit.processes import is_vllm_command  # noqa: F401 (defined there: the host's process scan runs it too)
-from provisioner.audit.text import sysctl_settings
 from provisioner.secrets import redact_environment, shown_command
-from provisioner.spec import Host, Spec
+from provisioner.spec import Host, Instance, Spec
+from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 MODPROBE_TEMPLATE = "blacklist-nouveau.conf.j2"
@@ -48,20 +46,6 @@ MODPROBE_TEMPLATE = "blacklist-nouveau.conf.j2"
 CHECKED_APART = {"Environment", "EnvironmentFile", "ExecStart", "ExecStartPost"}
 # settings in seconds that `systemctl show` reports under another name, as a time span
 TIME_SPANS = {"TimeoutStartSec": "TimeoutStartUSec", "RestartSec": "RestartUSec"}
-VLLM_DEFAULT_PORT = 8000
-ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
-
-
-@dataclass(frozen=True)
-class Connection:
-    """How to reach a host over SSH."""
-
-    address: str
-    user: str = "root"
-    port: int = 22
-    key: str | None = None
-    known_hosts: str | None = None
-    sudo: bool = False
 
 
 @dataclass
@@ -77,24 +61,14 @@ class Target:
 
 
 def spec_targets(spec: Spec, limit: str | None = None) -> list[Target]:
-    """One target per host of the spec (or only `limit`), in spec order."""
-    inventory = build_inventory(spec)
-    plans = {plan.host: plan for plan in build_plan(spec)}
-    return [
-        Target(host.name, spec_connection(host), host_expectations(audit_variables(inventory, host.name), plans[host.name]))
-        for host in spec.hosts
-        if limit in (None, host.name)
-    ]
+    """One target per host of the spec (or only `limit`), in spec order: per host in one pass, the
+    roles' variables there, the files they write, and what the suite compares."""
+    return [spec_target(host, spec.instances_on(host.name)) for host in spec.hosts if limit in (None, host.name)]
 
 
-def spec_connection(host: Host) -> Connection:
-    ssh = host.ssh
-    return Connection(host.address, ssh.user, ssh.port, ssh.key, ssh.known_hosts, ssh.become)
-
-
-def audit_variables(inventory: dict[str, dict], host_name: str) -> dict[str, Any]:
-    """What the roles read on this host: their defaults overlaid with its generated host_vars."""
-    return {**role_defaults(), **inventory[f"host_vars/{host_name}.yml"]}
+def spec_target(host: Host, instances: list[Instance]) -> Target:
+    variables = host_variables(host, instances)
+    return Target(host.name, spec_connection(host), host_expectations(variables, host_files(host, variables)))
 
 
 def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, Any]:
@@ -204,14 +178,14 @@ def container_expectations(variables: dict[str, Any], planned: PlannedUnit, entr
         "unit": f"vllm-{entry['name']}.service" if container["engine"] == "podman" else None,
         "boot_unit": Path(planned.boot_unit.path).name if planned.boot_unit else None,
         "image": container["image"],
-        "publish": f"{_bracketed(entry['host'])}:{entry['port']}",
+        "publish": f"{bracketed(entry['host'])}:{entry['port']}",
         "ipc": "host" if container["ipc_host"] else "private",
         "shm_bytes": None if container["ipc_host"] else size_bytes(container["shm_size"]),
         "restart": variables["vllm_service_container_restart"],
         "environment": {name: planned.environment[name] for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")},
         "env_file": env_file_expectations(variables, planned, entry),
         "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
-        "url": f"{scheme}://{_bracketed(bind)}:{entry['port']}",
+        "url": f"{scheme}://{bracketed(bind)}:{entry['port']}",
         "served_names": [str(name) for name in (served if isinstance(served, list) else [served])],
     }
 
@@ -224,24 +198,6 @@ def env_file_expectations(variables: dict[str, Any], planned: PlannedUnit, entry
         "owner": f"{env_task['owner']}:{env_task['group']}",
         "sha256": env_file_sha256(variables, entry),
     }
-
-
-def unit_settings(content: str, section: str) -> list[tuple[str, str]]:
-    """(key, value) of one section of a unit file, line continuations joined, comments skipped."""
-    settings, current = [], None
-    for line in content.replace("\\\n", " ").splitlines():
-        line = line.strip()
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-        elif current == section and "=" in line and not line.startswith(("#", ";")):
-            key, _, value = line.partition("=")
-            settings.append((key.strip(), " ".join(value.split())))
-    return settings
-
-
-def exec_argv(command: str) -> list[str]:
-    """An ExecStart= command as the process gets it: systemd quoting, $$ and %% undone."""
-    return [word.replace("$$", "$").replace("%%", "%") for word in shlex.split(command)]
 
 
 def shown_properties(service: list[tuple[str, str]]) -> dict[str, str]:
@@ -313,10 +269,6 @@ def vllm_install_expectations(variables: dict[str, Any]) -> dict[str, str] | Non
     return {"venv": venv, "version": str(variables["vllm_install_version"])}
 
 
-def role_vars(role: str) -> dict[str, Any]:
-    return yaml.safe_load((role_dir(role) / "vars" / "main.yml").read_text(encoding="utf-8")) or {}
-
-
 def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, Any]]:
     """The files the `file PATH` rows compare (provisioner/audit/suite/test_managed_files.py says which
     and why), in the order the roles write them: each with its path, `owner:group` and mode (the role's
@@ -380,61 +332,6 @@ def unit_rows_lines(content: str) -> dict[str, Any]:
         "keys": sorted({key for key, _ in service if key not in CHECKED_APART} | {"ExecStart"}),
         "environment": sorted(unit_environment(content)),
     }
-
-
-# --------------------------------------------------------------------------- the vllm serve command line
-
-
-def serving_expectations(argv: list[str], config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Where a `vllm serve` command line listens and which model names it answers with; `config`: the
-    content of its --config file (the command line wins over it, as in vLLM)."""
-    options = {**config_options(config or {}), **command_options(argv)}
-    bind = options.get("--host", [""])[0]
-    port = int(options.get("--port", [VLLM_DEFAULT_PORT])[0])
-    model = serve_model(argv, options)
-    scheme = "https" if options.get("--ssl-certfile") else "http"
-    probe_host = "127.0.0.1" if bind in ANY_ADDRESS else bind
-    return {
-        "listen": f"{_bracketed(bind or '0.0.0.0')}:{port}",
-        "url": f"{scheme}://{_bracketed(probe_host)}:{port}",
-        "served_names": options.get("--served-model-name") or [model],
-    }
-
-
-def command_options(argv: list[str]) -> dict[str, list[str]]:
-    """--flag value... / --flag=value / --flag → {flag: [values]} (a bare flag: [])."""
-    options: dict[str, list[str]] = {}
-    current = None
-    for word in argv:
-        if word.startswith("--"):
-            name, equals, value = word.partition("=")
-            current = name
-            options[current] = [value] if equals else []
-        elif current is not None:
-            options[current].append(word)
-    return options
-
-
-def config_options(config: dict[str, Any]) -> dict[str, list[str]]:
-    """A --config file's keys as command_options gives them: {"--served-model-name": ["a", "b"], ...}."""
-    options = {}
-    for key, value in config.items():
-        values = value if isinstance(value, list) else [] if value is True else [value]
-        options["--" + str(key).replace("_", "-")] = [str(item) for item in values]
-    return options
-
-
-def serve_model(argv: list[str], options: dict[str, list[str]]) -> str:
-    """The model of `vllm serve MODEL …` (or of `--model MODEL`)."""
-    if "serve" in argv and argv.index("serve") + 1 < len(argv):
-        candidate = argv[argv.index("serve") + 1]
-        if not candidate.startswith("--"):
-            return candidate
-    return (options.get("--model") or ["(unknown)"])[0]
-
-
-def _bracketed(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 # --------------------------------------------------------------------------- profile mode
@@ -513,7 +410,6 @@ SUPERVISED = "a systemd unit or a container (restarts after a crash and a reboot
 NOT_ROOT = "a dedicated user, not root"
 BIND = "one address, or every interface only with an API key"
 SHARES = "the --gpu-memory-utilization of the vLLM servers on it add up to at most 1.0"
-VLLM_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization
 RESTARTING_POLICIES = ("always", "unless-stopped", "on-failure")
 
 
@@ -560,15 +456,6 @@ def profile_server(server: dict[str, Any], rules: dict[str, Any]) -> dict[str, A
         "share": share,
         "share_source": source,
     }
-
-
-def memory_share(options: dict[str, list[str]]) -> tuple[float, str]:
-    """(--gpu-memory-utilization, where it comes from): the command line, else its --config file, else vLLM's default."""
-    values = options.get("--gpu-memory-utilization") or []
-    try:
-        return float(values[0]), "--gpu-memory-utilization"
-    except (IndexError, ValueError):
-        return VLLM_MEMORY_SHARE, "vLLM's default"
 
 
 def supervision_verdict(server: dict[str, Any]) -> tuple[dict[str, Any], str]:

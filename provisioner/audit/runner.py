@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.audit.expectations import Connection, Target, profile_expectations, profile_variables
+from provisioner.audit.expectations import Target, profile_expectations, profile_variables
 from provisioner.audit.text import PROGRESS_PREFIX
-from provisioner.hostkeys import check_host, ssh_options, trust_command
+from provisioner.hostkeys import check_host, trust_command
+from provisioner.remote import CONNECT_TIMEOUT_S, Connection, connection_options
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 CONTROL_PERSIST = "120s"
-CONNECT_TIMEOUT_S = 5
 SUITE_TIMEOUT_S = 600
 UNUSED_PYTEST_PLUGINS = ("cacheprovider", "logging", "warnings", "faulthandler", "unraisableexception", "threadexception")
 
@@ -136,21 +136,6 @@ def ssh_config_block(alias: str, connection: Connection) -> str:
     lines = [*connection_options(connection), "ControlMaster auto", f'ControlPath "{control_path(connection)}"',
              f"ControlPersist {CONTROL_PERSIST}"]
     return f"Host {alias}\n" + "".join(f"  {line}\n" for line in lines)
-
-
-def connection_options(connection: Connection) -> list[str]:
-    options = [
-        f"HostName {connection.address}",
-        f"User {connection.user}",
-        f"Port {connection.port}",
-        "BatchMode yes",
-        f"ConnectTimeout {CONNECT_TIMEOUT_S}",
-        "ServerAliveInterval 15",
-        "LogLevel ERROR",
-    ]
-    if connection.key:
-        options += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
-    return options + ssh_options(connection.known_hosts)  # strict: see provisioner/hostkeys.py
 
 
 def control_path(connection: Connection) -> Path:

@@ -1,4 +1,4 @@
-"""Text formats both sides read: sysctl.d files, `systemctl show` values, the suite's progress lines.
+"""Text formats the suite reads on a host: `systemctl show` values, modprobe's dry run, the suite's progress lines.
 
 Standard library only: the suite imports it in every audit's pytest process.
 """
@@ -12,17 +12,6 @@ from provisioner.secrets import shown_command  # noqa: F401 (the suite and its t
 
 # the suite's progress lines on stderr: this prefix, then JSON (provisioner/audit/plugin.py)
 PROGRESS_PREFIX = "@@audit "
-
-
-def sysctl_settings(content: str) -> dict[str, str]:
-    """`key = value` lines (sysctl.d syntax: # and ; comments, a leading - ignores errors; the last one wins)."""
-    settings = {}
-    for line in content.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("#", ";")) and "=" in line:
-            key, _, value = line.partition("=")
-            settings[key.strip().lstrip("-")] = " ".join(value.split())
-    return settings
 
 
 def environment_words(value: str) -> dict[str, str]:

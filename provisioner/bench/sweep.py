@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from provisioner.bench.target import BenchTarget, bench_target
-from provisioner.plan import build_plan, role_defaults
+from provisioner.plan import build_plan
+from provisioner.roles import role_defaults
 from provisioner.spec import Spec, SpecError, validate_spec
 
 RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)

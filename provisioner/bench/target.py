@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.audit.expectations import serving_expectations
+from provisioner.vllm.serve_args import serving_expectations
 from provisioner.bench.command import Endpoint
 from provisioner.plan import PlannedUnit, host_plan
 from provisioner.remote import HostShell

@@ -1,75 +1,110 @@
-"""`provision audit`: check hosts against the spec, or a server we did not build against a profile."""
+"""`provision audit`: `audit spec` checks the spec's hosts against it; `audit host` checks a server we
+did not build against a profile. Exit 0: every check passed (n/a allowed); 1: drift found; 2: the
+audit could not run on a host."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from provisioner.audit.expectations import Connection, Target, load_profile, spec_targets
-from provisioner.audit.report import host_table, json_text, junit_text, summary
-from provisioner.audit.runner import HostReport, audit_hosts, exit_code
-from provisioner.cli.common import HostsArgument, SpecOption, exit_on_write_error, load_spec_or_exit, select_or_exit
-from provisioner.cli.console import make_console
-from provisioner.files import write_file
-from provisioner.secrets import redact
-from provisioner.selection import SelectionError, find_spec
+from provisioner.cli.common import (
+    USAGE_ERROR,
+    HostsArgument,
+    SpecOption,
+    exit_on_write_error,
+    exit_with,
+    load_spec_or_exit,
+    select_or_exit,
+)
 
-COULD_NOT_RUN = 2
+if TYPE_CHECKING:
+    from provisioner.audit.expectations import Target
+    from provisioner.audit.runner import HostReport
+
 STDOUT = "-"
+app = typer.Typer(help="Audit what apply set: the spec's hosts against the spec, or a server of no spec of ours "
+                       "against a profile.", no_args_is_help=True)
+
+JunitOption = Annotated[str | None, typer.Option(
+    "--junit", metavar="FILE|-", help="Also write a JUnit XML report here (-: to stdout, the tables to stderr).")]
+JsonOption = Annotated[str | None, typer.Option(
+    "--json", metavar="FILE|-", help="Also write a JSON report here (-: to stdout, the tables to stderr).")]
+EveryCheckOption = Annotated[bool, typer.Option(
+    "--all", help="Show every check (passed, n/a, reported values), not only the ones that failed.")]
 
 
-def audit(
+@app.command("spec")
+def audit_spec(
     hosts: HostsArgument = None,
     spec: SpecOption = None,
-    host: Annotated[str | None, typer.Option(
-        "--host", help="ssh://user@address[:port] of a server with no spec of ours (profile mode).")] = None,
-    key: Annotated[Path | None, typer.Option("--key", help="SSH private key for --host.")] = None,
-    known_hosts: Annotated[Path | None, typer.Option(
-        "--known-hosts", help="known_hosts file to check --host's key against (strictly).")] = None,
-    profile: Annotated[str, typer.Option(
-        "--profile", help="Recommended values to check --host against (provisioner/audit/profiles).")] = "recommended",
-    junit: Annotated[str | None, typer.Option(
-        "--junit", metavar="FILE|-", help="Also write a JUnit XML report here (-: to stdout, the tables to stderr).")] = None,
-    json_file: Annotated[str | None, typer.Option(
-        "--json", metavar="FILE|-", help="Also write a JSON report here (-: to stdout, the tables to stderr).")] = None,
-    every_check: Annotated[bool, typer.Option(
-        "--all", help="Show every check (passed, n/a, reported values), not only the ones that failed.")] = False,
+    junit: JunitOption = None,
+    json_file: JsonOption = None,
+    every_check: EveryCheckOption = False,
 ) -> None:
-    """Audit what apply set: per host a summary and a table (check, expected, actual, status) of
-    what failed (--all: of every check); the JUnit and JSON reports always hold every check.
+    """Audit what apply set on the spec's hosts: per host a summary and a table (check, expected, actual,
+    status) of what failed (--all: of every check); the JUnit and JSON reports always hold every check.
 
     The spec: --spec FILE, else $PROVISION_SPEC, else ./provision.yml; HOST|GROUP: only those hosts.
-    --host audits a server with no spec of ours against a --profile instead.
 
     Exit 0: every check passed (n/a allowed); 1: drift found; 2: the audit could not run on a host.
     """
+    check_report_destinations(json_file, junit)
+    spec_path = found_spec(spec)
+    targets = targets_of_spec(spec_path, hosts or [])
+    report(run_with_progress(targets, None, spec_path), junit, json_file, every_check)
+
+
+@app.command("host")
+def audit_host(
+    url: Annotated[str, typer.Argument(
+        metavar="URL", help="ssh://user@address[:port] of a server with no spec of ours (user root and port 22 when "
+        "left out).")],
+    key: Annotated[Path | None, typer.Option("--key", help="SSH private key for the server.")] = None,
+    known_hosts: Annotated[Path | None, typer.Option(
+        "--known-hosts", help="known_hosts file to check the server's key against (strictly).")] = None,
+    profile: Annotated[str, typer.Option(
+        "--profile", help="Recommended values to check against (provisioner/audit/profiles).")] = "recommended",
+    junit: JunitOption = None,
+    json_file: JsonOption = None,
+    every_check: EveryCheckOption = False,
+) -> None:
+    """Audit a server with no spec of ours against a --profile: per check expected, actual, status.
+
+    Exit 0: every check passed (n/a allowed); 1: drift found; 2: the audit could not run.
+    """
+    from provisioner.audit.expectations import load_profile
+
+    check_report_destinations(json_file, junit)
+    try:
+        targets, profile_values = [host_target(url, key, known_hosts)], load_profile(profile)
+    except ValueError as error:
+        fail(str(error))
+    report(run_with_progress(targets, profile_values), junit, json_file, every_check)
+
+
+def check_report_destinations(json_file: str | None, junit: str | None) -> None:
     if json_file == STDOUT and junit == STDOUT:
         fail("--json - and --junit - would both write to stdout — send one of them to a file")
-    if host is not None:
-        if spec is not None or hosts:
-            fail("--host audits one server that has no spec of ours — leave out --spec and the HOST names, "
-                 "or leave out --host to audit the spec's hosts")
-        try:
-            targets, profile_values = [host_target(host, key, known_hosts)], load_profile(profile)
-        except ValueError as error:
-            fail(str(error))
-        spec_path = None
-    else:
-        spec_path = found_spec(spec)
-        targets, profile_values = targets_of_spec(spec_path, hosts or []), None
-    reports = run_with_progress(targets, profile_values, spec_path)
+
+
+def report(reports: dict[str, HostReport], junit: str | None, json_file: str | None, every_check: bool) -> None:
+    """Per host its table (or why it could not be audited), the reports asked for; exit with the verdict."""
+    from rich.markup import escape
+
+    from provisioner.audit.report import host_table, json_text, junit_text, summary
+    from provisioner.audit.runner import exit_code
+    from provisioner.cli.console import make_console
+
     # the tables go to stderr when a report takes stdout
     console = make_console(stderr=STDOUT in (json_file, junit))
-    for report in reports.values():
-        if report.error is not None:
-            console.print(f"[bold red]{escape(report.host)} ({escape(report.address)}): {escape(summary(report))}[/]")
+    for host_report in reports.values():
+        if host_report.error is not None:
+            console.print(f"[bold red]{escape(host_report.host)} ({escape(host_report.address)}): "
+                          f"{escape(summary(host_report))}[/]")
         else:
-            console.print(host_table(report, every_check))
+            console.print(host_table(host_report, every_check))
     if junit:
         write_report(junit, junit_text(reports))
     if json_file:
@@ -79,6 +114,8 @@ def audit(
 
 def write_report(destination: str, text: str) -> None:
     """The report to stdout (`-`) or to the file; a file that cannot be written: exit 2."""
+    from provisioner.files import write_file
+
     if destination == STDOUT:
         typer.echo(text, nl=False)
         return
@@ -86,37 +123,48 @@ def write_report(destination: str, text: str) -> None:
         with exit_on_write_error(destination):
             write_file(Path(destination), text.encode("utf-8"))
     except typer.Exit:
-        raise typer.Exit(COULD_NOT_RUN) from None
+        exit_with(USAGE_ERROR)  # 1 would read as "drift found"
 
 
 def fail(message: str) -> None:
-    typer.echo(f"audit: {redact(message)}", err=True)
-    raise typer.Exit(COULD_NOT_RUN)
+    """`audit: message` on stderr; exit 2 (the audit could not run)."""
+    from provisioner.secrets import redact
+
+    exit_with(USAGE_ERROR, f"audit: {redact(message)}")
 
 
 def found_spec(option: Path | None) -> Path:
-    """--spec, $PROVISION_SPEC or ./provision.yml; none: exit 2 naming them (and --host)."""
+    """--spec, $PROVISION_SPEC or ./provision.yml; none: exit 2 naming them (and `audit host`)."""
+    from provisioner.selection import SelectionError, find_spec
+
     try:
         return find_spec(option)
     except SelectionError as error:
-        fail(f"{error}; or audit a server with no spec of ours with --host ssh://user@address")
+        fail(f"{error}; or audit a server with no spec of ours with `provision audit host ssh://user@address`")
 
 
 def targets_of_spec(spec: Path, names: list[str]) -> list[Target]:
     """The targets of the hosts `names` stand for (host or group names, all; none: every host)."""
+    from provisioner.audit.expectations import spec_targets
+
     try:
         loaded = load_spec_or_exit(spec)
     except typer.Exit:
-        raise typer.Exit(COULD_NOT_RUN) from None  # 1 would read as "drift found"
+        exit_with(USAGE_ERROR)  # 1 would read as "drift found"
     chosen = {chosen_host.name for chosen_host in select_or_exit(loaded, names)}  # unknown name: exit 2
     return [target for target in spec_targets(loaded) if target.name in chosen]
 
 
 def host_target(url: str, key: Path | None, known_hosts: Path | None) -> Target:
     """`ssh://user@address[:port]` → a target (user root and port 22 when left out)."""
+    from urllib.parse import urlsplit
+
+    from provisioner.audit.expectations import Target
+    from provisioner.remote import Connection
+
     parts = urlsplit(url if "://" in url else f"ssh://{url}")
     if parts.scheme != "ssh" or not parts.hostname:
-        raise ValueError(f"--host {url!r}: write ssh://user@address[:port]")
+        raise ValueError(f"audit host {url!r}: write ssh://user@address[:port]")
     connection = Connection(
         address=parts.hostname,
         user=parts.username or "root",
@@ -130,6 +178,11 @@ def host_target(url: str, key: Path | None, known_hosts: Path | None) -> Target:
 
 def run_with_progress(targets: list[Target], profile: dict | None, spec: Path | None = None) -> dict[str, HostReport]:
     """Audit the targets with one progress bar per host (on stderr; gone once done)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    from provisioner.audit.runner import audit_hosts
+    from provisioner.cli.console import make_console
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=make_console(stderr=True), transient=True) as progress:
         tasks: dict[str, TaskID] = {target.name: progress.add_task(f"{target.name}: connecting", total=None)

@@ -11,20 +11,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-import typer
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
-from provisioner.cli.console import make_console
-from provisioner.gpu.facts import Gpu, GpuFacts, read_facts
-from provisioner.gpu.nvml import NvmlCallError, NvmlUnavailable
-from provisioner.gpu.smi import SmiError
+import typer
+
+from provisioner.cli.common import PROBLEMS_FOUND
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from provisioner.gpu.facts import Gpu, GpuFacts
 
 NO_DRIVER_FIX = "install the NVIDIA driver and load it (`nvidia-smi -L` lists the GPUs once it is)"
 RECORDING_FIX = "give an nvml.json as the repository's tests/fixtures/gpu/record_nvml.py records one"
-# what a recording that is not one raises while it is read
-BAD_RECORDING = (ValueError, LookupError, TypeError, AttributeError, NvmlCallError)
-from provisioner.gpu.topology import describe_link
 
 # (row title, how to show it) for the table of GPUs
 ROWS: list[tuple[str, Callable[[Gpu], object]]] = [
@@ -48,6 +47,10 @@ ROWS: list[tuple[str, Callable[[Gpu], object]]] = [
 ]
 
 
+app = typer.Typer()
+
+
+@app.command()
 def facts(
     json_output: Annotated[bool, typer.Option("--json", help="Print the facts as JSON.")] = False,
     recording: Annotated[Path | None, typer.Option(
@@ -55,6 +58,12 @@ def facts(
     nvidia_smi: Annotated[str, typer.Option(help="nvidia-smi to read with when NVML is not usable.")] = "nvidia-smi",
 ) -> None:
     """Show this machine's NVIDIA GPUs: power limits, persistence mode, PCIe links, clocks, throttle reasons, P2P."""
+    from provisioner.cli.console import make_console
+    from provisioner.gpu.facts import read_facts
+    from provisioner.gpu.nvml import NvmlCallError, NvmlUnavailable
+    from provisioner.gpu.smi import SmiError
+
+    bad_recording = (ValueError, LookupError, TypeError, AttributeError, NvmlCallError)  # what one that is not raises
     try:
         gpu_facts = read_facts(recording=recording, nvidia_smi=nvidia_smi)
     except (NvmlUnavailable, SmiError) as error:
@@ -63,7 +72,7 @@ def facts(
         if recording is None:
             raise
         fail(f"{recording}: cannot read it ({error.strerror or error})", RECORDING_FIX, json_output)
-    except BAD_RECORDING as error:
+    except bad_recording as error:
         if recording is None:
             raise
         fail(f"{recording}: not a recording of NVML's answers ({type(error).__name__}: {error})", RECORDING_FIX,
@@ -80,10 +89,14 @@ def fail(error: str, fix: str, json_output: bool) -> None:
         typer.echo(json.dumps({"error": error, "fix": fix}, indent=2))
     else:
         typer.echo(f"{error} — {fix}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(PROBLEMS_FOUND)
 
 
 def show(gpu_facts: GpuFacts, console: Console) -> None:
+    from rich.table import Table
+
+    from provisioner.gpu.topology import describe_link
+
     how = {"nvml": "NVML", "nvidia-smi": "nvidia-smi"}.get(gpu_facts.source, gpu_facts.source)
     console.print(
         f"NVIDIA driver {gpu_facts.driver_version or '?'}, CUDA {gpu_facts.cuda_version or '?'} — "

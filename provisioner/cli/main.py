@@ -1,16 +1,16 @@
-"""`provision`: the command line. Each command group lives in its own module."""
+"""`provision`: the command line. Each command (or group) lives in its own module, which owns its
+`typer.Typer()`; this one composes them, in the order `provision --help` lists them."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from importlib import metadata
 from typing import Annotated
 
 import typer
 
 from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, schema_cmd, spec_cmds, trust_cmd, wheelhouse_cmd
+from provisioner.cli.common import INTERNAL_ERROR, PROBLEMS_FOUND
 
 DISTRIBUTION = "vllm-provision"
 # the pins --version shows, as the installed distribution's metadata states them (pyproject.toml)
@@ -26,6 +26,9 @@ app = typer.Typer(
 
 def version_text() -> str:
     """'vllm-provision 0.1.0 (ansible-core 2.19.14, vLLM 0.25.0)', from the installed distribution's metadata."""
+    import re
+    from importlib import metadata
+
     try:
         version, requirements = metadata.version(DISTRIBUTION), metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:
@@ -52,16 +55,15 @@ def main(
 ) -> None:
     """Turn a bare NVIDIA GPU server into a tuned, audited vLLM inference host."""
 
-app.command("init")(spec_cmds.init)
-app.command("schema")(schema_cmd.schema)
-app.command("inventory")(spec_cmds.inventory)
-app.command("plan")(spec_cmds.plan)
-app.command("apply")(apply_cmd.apply)
-app.command("facts")(facts_cmd.facts)
-app.command("audit")(audit_cmd.audit)
-app.command("wheelhouse")(wheelhouse_cmd.wheelhouse)
-app.command("bench")(bench_cmd.bench)
-app.command("trust")(trust_cmd.trust)
+# no name: the module's commands join the root's; a name: a command group (`provision audit spec|host`)
+app.add_typer(spec_cmds.app)  # init, inventory, plan
+app.add_typer(schema_cmd.app)
+app.add_typer(apply_cmd.app)
+app.add_typer(facts_cmd.app)
+app.add_typer(audit_cmd.app, name="audit")
+app.add_typer(wheelhouse_cmd.app)
+app.add_typer(bench_cmd.app, name="bench")
+app.add_typer(trust_cmd.app)
 
 
 def run() -> None:
@@ -74,13 +76,13 @@ def run() -> None:
         app()
     except ContentMissing as error:
         typer.echo(f"provision: {error}", err=True)
-        sys.exit(1)
+        sys.exit(PROBLEMS_FOUND)
     except Exception as error:  # noqa: BLE001 — the last line of defence, see the docstring
         if os.environ.get("PROVISION_DEBUG"):
             raise
         typer.echo(f"provision: internal error: {type(error).__name__}: {redact(str(error))} — this is a bug; "
                    "rerun with PROVISION_DEBUG=1 for the traceback and report it", err=True)
-        sys.exit(70)  # EX_SOFTWARE
+        sys.exit(INTERNAL_ERROR)
 
 
 if __name__ == "__main__":

@@ -6,19 +6,12 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import SpecOption, find_spec_or_exit, load_spec_or_exit, select_or_exit
-from provisioner.hostkeys import (
-    CHANGED,
-    TRUSTED,
-    Endpoint,
-    HostKeyError,
-    check_hosts,
-    record_keys,
-    trust_command,
-    trust_problem,
-)
+from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, find_spec_or_exit, load_spec_or_exit, select_or_exit
+
+app = typer.Typer()
 
 
+@app.command()
 def trust(
     hosts: Annotated[list[str], typer.Argument(
         metavar="HOST|GROUP...", help="Host or group names of the spec, or all.")],
@@ -29,6 +22,17 @@ def trust(
 ) -> None:
     """Scan the hosts' keys, show their fingerprints and, once confirmed, record them in each host's
     ssh.known_hosts file (~/.ssh/known_hosts when the spec names none)."""
+    from provisioner.hostkeys import (
+        CHANGED,
+        TRUSTED,
+        Endpoint,
+        HostKeyError,
+        check_hosts,
+        record_keys,
+        trust_command,
+        trust_problem,
+    )
+
     spec = find_spec_or_exit(spec)
     loaded = load_spec_or_exit(spec)
     chosen = select_or_exit(loaded, hosts)
@@ -66,4 +70,4 @@ def trust(
         typer.echo(f"{host.name}: recorded {len(recorded.added)} key{'s' if len(recorded.added) != 1 else ''} "
                    f"in {recorded.file}" + (f", removed {len(recorded.removed)} old" if recorded.removed else ""))
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(PROBLEMS_FOUND)

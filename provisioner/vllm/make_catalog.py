@@ -1,8 +1,8 @@
 """Write the catalog of `vllm serve` and `vllm bench serve` options of the installed vLLM.
 
-Run it with the Python of a venv that has vLLM installed, from the repository root:
+Run it with the Python of a venv that has vLLM installed (VENV below), from the repository root:
 
-    /work/.cache/vllm-venvs/0.25.0/bin/python -m provisioner.vllm.make_catalog --out provisioner/vllm/catalogs
+    VENV/bin/python -m provisioner.vllm.make_catalog --out provisioner/vllm/catalogs
 
 It builds the parsers the way the `vllm` console script does (vllm/entrypoints/cli/main.py): a
 `FlexibleArgumentParser` with one subparser per command, registered by the command's own

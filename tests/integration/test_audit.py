@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 from provisioner.apply import apply_spec
-from provisioner.audit.expectations import Connection, spec_targets
+from provisioner.audit.expectations import spec_targets
+from provisioner.remote import Connection
 from provisioner.audit.runner import HostReport, audit_hosts, disconnect
 from provisioner.spec import load_spec
 from tests.lab.specs import (
@@ -125,7 +126,7 @@ def applied(lab, tmp_path_factory):
 
 def test_audit_passes_right_after_apply(applied):
     host, spec, folder = applied
-    result, report = provision_audit("--spec", spec.source_path, "--junit", folder / "audit.xml",
+    result, report = provision_audit("spec", "--spec", spec.source_path, "--junit", folder / "audit.xml",
                                      json_file=folder / "audit.json")
 
     assert result.returncode == 0, result.stdout + result.stderr
@@ -151,7 +152,7 @@ def test_audit_passes_right_after_apply(applied):
 
 
 def test_a_group_named_audits_its_host_and_json_dash_is_all_of_stdout(applied, tmp_path):
-    """`provision audit GROUP --json -` with the spec in $PROVISION_SPEC: stdout is the report alone
+    """`provision audit spec GROUP --json -` with the spec in $PROVISION_SPEC: stdout is the report alone
     (a program reads it), the tables are on stderr; a name of neither host nor group: exit 2."""
     host, spec, folder = applied
     entry = host_entry(host)
@@ -160,14 +161,14 @@ def test_a_group_named_audits_its_host_and_json_dash_is_all_of_stdout(applied, t
     spec_file = write_spec(tmp_path / "grouped.yml", [entry], instances)
     environment = {**os.environ, "PROVISION_SPEC": str(spec_file)}
 
-    result = subprocess.run([*PROVISION, "audit", "rack_a", "--json", "-"], capture_output=True, text=True,
+    result = subprocess.run([*PROVISION, "audit", "spec", "rack_a", "--json", "-"], capture_output=True, text=True,
                             timeout=300, env=environment, cwd=tmp_path)
 
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert list(report["hosts"]) == [host.name] and report["hosts"][host.name]["status"] == "passed"
     assert f"{host.name} ({host.address})" in result.stderr
-    unknown = subprocess.run([*PROVISION, "audit", "rack_b"], capture_output=True, text=True, timeout=60,
+    unknown = subprocess.run([*PROVISION, "audit", "spec", "rack_b"], capture_output=True, text=True, timeout=60,
                              env=environment, cwd=tmp_path)
     assert unknown.returncode == 2 and unknown.stdout == ""
     assert f"no host or group 'rack_b' in {spec_file} — hosts: {host.name}; groups: rack_a" in unknown.stderr
@@ -175,7 +176,7 @@ def test_a_group_named_audits_its_host_and_json_dash_is_all_of_stdout(applied, t
 
 def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
     host, spec, folder = applied
-    result, report = provision_audit("--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+    result, report = provision_audit("host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                                      "--known-hosts", host.known_hosts, "--profile", "recommended",
                                      json_file=folder / "profile.json")
 
@@ -208,7 +209,7 @@ def test_unreachable_host_exits_2_and_the_other_host_is_still_audited(applied, l
     instances = [instance_entry(host, "chat", 8000, share=0.9, api_key_file=str(folder / "chat.key"))]
     spec_file = write_spec(tmp_path / "spec.yml", [host_entry(host), ghost], instances)
 
-    result, report = provision_audit("--spec", spec_file, json_file=tmp_path / "audit.json")
+    result, report = provision_audit("spec", "--spec", spec_file, json_file=tmp_path / "audit.json")
 
     assert result.returncode == 2, result.stdout + result.stderr
     assert report["hosts"]["ghost"]["status"] == "could not run"
@@ -241,7 +242,7 @@ def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
     host.ssh("systemctl daemon-reload && systemctl enable --now my-llm.service")
     host.ssh("for i in $(seq 100); do ss -Hltn | grep -q ':8000 ' && exit 0; sleep 0.1; done; exit 1")  # listening
 
-    result, report = provision_audit("--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+    result, report = provision_audit("host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                                      "--known-hosts", host.known_hosts, json_file=tmp_path / "profile.json")
 
     assert result.returncode == 1, result.stdout + result.stderr

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED, Connection
+from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED
+from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
 from tests.lab.specs import VLLM_BIN, fake_gpu_uuid, install_standin, install_vllm_by_hand
 
@@ -46,7 +47,7 @@ WantedBy=multi-user.target
 
 def provision_audit(host, json_file: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run(
-        [*PROVISION, "audit", "--host", f"ssh://root@{host.address}", "--key", str(host.ssh_key),
+        [*PROVISION, "audit", "host", f"ssh://root@{host.address}", "--key", str(host.ssh_key),
          "--known-hosts", str(host.known_hosts), "--json", str(json_file), *extra],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     return result, json.loads(json_file.read_text())

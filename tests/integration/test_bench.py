@@ -50,7 +50,7 @@ def deployed(lab, tmp_path_factory):
 
 
 def bench(spec: Path, vllm: str, results: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*PROVISION, "bench", "chat", "--spec", str(spec), "--vllm", vllm, "--results", str(results), *args],
+    return subprocess.run([*PROVISION, "bench", "run", "chat", "--spec", str(spec), "--vllm", vllm, "--results", str(results), *args],
                           capture_output=True, text=True, timeout=1200, env={**os.environ, "COLUMNS": "200"})
 
 
@@ -102,7 +102,7 @@ def test_a_sweep_restarts_the_instance_with_each_value_then_restores_it(deployed
 def test_an_interrupted_sweep_puts_the_config_back(deployed, tmp_path):
     host, spec, vllm = deployed
     before = host.ssh(f"cat {CONFIG}").stdout
-    process = subprocess.Popen([*PROVISION, "bench", "chat", "--spec", str(spec), "--vllm", vllm, "--results", str(tmp_path),
+    process = subprocess.Popen([*PROVISION, "bench", "run", "chat", "--spec", str(spec), "--vllm", vllm, "--results", str(tmp_path),
                                 "--load", "smoke", "--repeats", "3", "--sweep", "max_num_seqs=1,2", "--no-floor"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "COLUMNS": "200"})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.audit.expectations import Connection
+from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
 from provisioner.bench.target import bench_target
 from provisioner.spec import load_spec
@@ -84,13 +84,13 @@ def entry(host, known_hosts: Path | None) -> dict:
 
 
 def audit(home: Path, spec: Path, folder: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    result = provision(home, "audit", "--spec", spec, "--json", folder / "audit.json")
+    result = provision(home, "audit", "spec", "--spec", spec, "--json", folder / "audit.json")
     return result, json.loads((folder / "audit.json").read_text())
 
 
 def bench(home: Path, spec: Path, folder: Path) -> subprocess.CompletedProcess:
     """The bench as far as its first connection (it never gets further here)."""
-    return provision(home, "bench", "chat", "--spec", spec, "--no-floor", "--load", "smoke", "--repeats", "1",
+    return provision(home, "bench", "run", "chat", "--spec", spec, "--no-floor", "--load", "smoke", "--repeats", "1",
                      "--vllm", "/bin/true", "--results", folder / "bench")
 
 
@@ -165,7 +165,7 @@ def test_an_unknown_host_is_refused_until_provision_trust_records_it(hosts, home
                f"add this line to {known}: {host.address} ssh-ed25519 ")
 
     refused_by_apply_audit_and_bench(home, spec, tmp_path, host, unknown)
-    profiled = provision(home, "audit", "--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+    profiled = provision(home, "audit", "host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                          "--known-hosts", known, "--json", tmp_path / "profile.json")
     error = json.loads((tmp_path / "profile.json").read_text())["hosts"][host.address]["error"]
     assert profiled.returncode == 2 and "host key not trusted" in error and unknown[6] in error  # no spec: the line
@@ -199,7 +199,7 @@ def test_without_a_known_hosts_file_in_the_spec_the_users_own_is_read_and_never_
     assert f"none of {USERS_SSH}/known_hosts" in applied.stdout and f"ED25519 {fingerprint(host)}" in applied.stdout
     audited, report = audit(home, spec, tmp_path)
     assert audited.returncode == 2 and "host key not trusted" in report["hosts"][host.name]["error"]
-    profiled = provision(home, "audit", "--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+    profiled = provision(home, "audit", "host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                          "--json", tmp_path / "profile.json")
     error = json.loads((tmp_path / "profile.json").read_text())["hosts"][host.address]["error"]
     assert profiled.returncode == 2 and "host key not trusted" in error

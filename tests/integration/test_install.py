@@ -3,7 +3,7 @@
 Built once per module: the wheel and the sdist (`python -m build`), and the Ansible collection
 (`ansible-galaxy collection build`). Then, each from an empty folder with no checkout on sys.path,
 PYTHONPATH unset and no ansible.cfg of ours around:
-- the wheel in a fresh venv: --version, init + plan, inventory, apply, audit, bench --compare without
+- the wheel in a fresh venv: --version, init + plan, inventory, apply, audit, bench compare without
   the extra `plot`;
 - the sdist in another fresh venv: --version, init + plan, audit;
 - the wheel with pipx (PIPX_HOME and PIPX_BIN_DIR in a temporary folder): --version, init + plan;
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.audit.expectations import Connection
+from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
 
@@ -308,7 +308,7 @@ def test_pipx_answers_version_init_and_plan(from_pipx):
 
 def test_bench_compare_without_the_plot_extra_prints_the_tables_and_how_to_get_plots(from_wheel):
     results = shutil.copytree(RECORDED_BENCH, from_wheel.folder / "bench-results")
-    compared = from_wheel("bench", "--compare", "conc-defaults", "conc-latency", "--results", results)
+    compared = from_wheel("bench", "compare", "conc-defaults", "conc-latency", "--results", results)
     assert "conc-defaults (reference) vs conc-latency" in compared.stdout and "+4.7 %" in compared.stdout
     assert ("no plot drawn: matplotlib is not installed — for plots: pipx inject vllm-provision matplotlib, "
             "or pip install 'vllm-provision[plot]'") in compared.stdout
@@ -343,7 +343,7 @@ def test_the_wheel_writes_the_inventory_then_applies_and_audits_the_host(from_wh
     assert host.name in json.dumps(hosts)
 
     started = time.monotonic()
-    audited = from_wheel("audit", *spec_args(spec), "--json", "audit.json", check=False)
+    audited = from_wheel("audit", "spec", *spec_args(spec), "--json", "audit.json", check=False)
     TIMINGS["wheel: audit"] = time.monotonic() - started
     assert audited.returncode == 0, audited.stdout + audited.stderr
     checks = json.loads((from_wheel.folder / "audit.json").read_text())["hosts"][host.name]["checks"]
@@ -354,7 +354,7 @@ def test_the_wheel_writes_the_inventory_then_applies_and_audits_the_host(from_wh
 def test_the_sdist_audits_the_host_the_wheel_applied(from_sdist, host, wheel_applied):
     spec = lab_spec(from_sdist, host)
     started = time.monotonic()
-    audited = from_sdist("audit", *spec_args(spec), "--json", "audit.json", check=False)
+    audited = from_sdist("audit", "spec", *spec_args(spec), "--json", "audit.json", check=False)
     TIMINGS["sdist: audit"] = time.monotonic() - started
     assert audited.returncode == 0, audited.stdout + audited.stderr
     checks = json.loads((from_sdist.folder / "audit.json").read_text())["hosts"][host.name]["checks"]

@@ -94,14 +94,14 @@ def outputs(lab, tmp_path_factory):
         captured["apply again"] = run("apply", "--spec", spec, "--diff")
         plant_servers(host, folder)
         files.update({"spec audit JSON": folder / "spec.json", "spec audit JUnit": folder / "spec.xml"})
-        captured["spec audit"] = run("audit", "--spec", spec, "--all", "--json", files["spec audit JSON"],
+        captured["spec audit"] = run("audit", "spec", "--spec", spec, "--all", "--json", files["spec audit JSON"],
                                      "--junit", files["spec audit JUnit"], timeout=300)
         files.update({"profile audit JSON": folder / "profile.json", "profile audit JUnit": folder / "profile.xml"})
-        captured["profile audit"] = run("audit", "--host", f"ssh://root@{host.address}", "--key", host.ssh_key,
+        captured["profile audit"] = run("audit", "host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                                         "--known-hosts", host.known_hosts, "--all", "--json", files["profile audit JSON"],
                                         "--junit", files["profile audit JUnit"], timeout=300)
         results = folder / "bench-results"
-        captured["bench"] = run("bench", "chat", "--spec", spec, "--vllm", f"{venv}/bin/vllm", "--results", results,
+        captured["bench"] = run("bench", "run", "chat", "--spec", spec, "--vllm", f"{venv}/bin/vllm", "--results", results,
                                 "--load", "smoke", "--repeats", "1", "--no-floor", "--baseline", "b", timeout=1200)
         files.update({f"bench {path.relative_to(results / 'b')}": path for path in sorted(results.rglob("*"))
                       if path.is_file()})

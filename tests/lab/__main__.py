@@ -63,14 +63,14 @@ def demo() -> int:
             print(json.dumps(json.load(response), indent=2))
         print(host.ssh("systemctl status vllm-qwen7b.service --no-pager | head -5").stdout)
         step("audit (must pass)")
-        if provision("audit", "--spec", str(spec)) != 0:
+        if provision("audit", "spec", "--spec", str(spec)) != 0:
             return 1
         step("drift: someone caps the GPU at 300 W and stops the server; the audit names both (exit 1)")
         host.ssh("nvidia-smi -pl 300 && systemctl stop vllm-qwen7b.service")
-        if provision("audit", "--spec", str(spec)) != 1:
+        if provision("audit", "spec", "--spec", str(spec)) != 1:
             return 1
         step("apply repairs it; the audit passes again")
-        if provision("apply", "--spec", str(spec)) != 0 or provision("audit", "--spec", str(spec)) != 0:
+        if provision("apply", "--spec", str(spec)) != 0 or provision("audit", "spec", "--spec", str(spec)) != 0:
             return 1
     print(f"\ndemo done in {time.monotonic() - started:.1f} s; the lab is torn down")
     return 0

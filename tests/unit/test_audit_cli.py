@@ -28,11 +28,12 @@ def test_audit_is_a_command():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--host", "ssh://root@192.0.2.1", "--spec", "spec.yml"), "--host audits one server that has no spec of ours"),
-    (("gpu1", "--host", "ssh://root@192.0.2.1"), "--host audits one server that has no spec of ours"),
-    (("--host", "http://192.0.2.1"), "--host 'http://192.0.2.1': write ssh://user@address[:port]"),
-    (("--host", "ssh://root@192.0.2.1", "--profile", "strict"), "no profile named 'strict'; profiles: recommended"),
-    (("--host", "ssh://root@192.0.2.1", "--json", "-", "--junit", "-"), "--json - and --junit - would both write to stdout"),
+    (("host", "ssh://root@192.0.2.1", "--spec", "spec.yml"), "No such option: --spec"),
+    (("host", "gpu1", "ssh://root@192.0.2.1"), "unexpected extra argument"),
+    (("host", "http://192.0.2.1"), "audit host 'http://192.0.2.1': write ssh://user@address[:port]"),
+    (("host", "ssh://root@192.0.2.1", "--profile", "strict"), "no profile named 'strict'; profiles: recommended"),
+    (("host", "ssh://root@192.0.2.1", "--json", "-", "--junit", "-"), "--json - and --junit - would both write to stdout"),
+    (("spec", "--json", "-", "--junit", "-"), "--json - and --junit - would both write to stdout"),
 ])
 def test_usage_problems_exit_2_with_a_message(args, message):
     result = invoke("audit", *args)
@@ -43,9 +44,10 @@ def test_usage_problems_exit_2_with_a_message(args, message):
 def test_no_spec_anywhere_exits_2_naming_the_ways_to_give_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PROVISION_SPEC", raising=False)
-    result = invoke("audit")
+    result = invoke("audit", "spec")
     assert result.exit_code == 2
-    for way in ("--spec FILE", "$PROVISION_SPEC", "./provision.yml", "provision init", "--host ssh://user@address"):
+    for way in ("--spec FILE", "$PROVISION_SPEC", "./provision.yml", "provision init",
+                "provision audit host ssh://user@address"):
         assert way in result.output
 
 
@@ -61,7 +63,7 @@ def test_the_spec_is_found_by_option_environment_or_current_folder(how, tmp_path
     spec = invalid_spec(tmp_path / ("provision.yml" if how == "./provision.yml" else "mine.yml"))
     args, env = {"--spec": (["--spec", spec], {}), "-s": (["-s", spec], {}),
                  "$PROVISION_SPEC": ([], {"PROVISION_SPEC": str(spec)}), "./provision.yml": ([], {})}[how]
-    result = runner.invoke(app, ["audit", *map(str, args)], env={"COLUMNS": "200", "NO_COLOR": "1", **env})
+    result = runner.invoke(app, ["audit", "spec", *map(str, args)], env={"COLUMNS": "200", "NO_COLOR": "1", **env})
     assert result.exit_code == 2
     assert f"{spec.name if how == './provision.yml' else spec}: 1 problem" in result.output
     assert "instances[1].port" in result.output
@@ -69,7 +71,7 @@ def test_the_spec_is_found_by_option_environment_or_current_folder(how, tmp_path
 
 def test_an_unknown_host_or_group_exits_2_listing_the_hosts_and_groups(tmp_path):
     spec = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(groups=["rack_a"])]))
-    result = invoke("audit", "--spec", spec, "ws4070", "nope")
+    result = invoke("audit", "spec", "--spec", spec, "ws4070", "nope")
     assert result.exit_code == 2
     assert "no host or group 'nope'" in result.output
     assert "hosts: ws4070; groups: rack_a" in result.output
@@ -86,7 +88,7 @@ REFUSED = "ssh://root@127.0.0.1:1"
 
 
 def test_json_dash_writes_the_report_to_stdout_and_nothing_else(tmp_path):
-    result = run_audit("--host", REFUSED, "--json", "-", "--junit", str(tmp_path / "audit.xml"))
+    result = run_audit("host", REFUSED, "--json", "-", "--junit", str(tmp_path / "audit.xml"))
     assert result.returncode == 2
     report = json.loads(result.stdout)  # the whole of stdout is the report
     assert report["exit_code"] == 2
@@ -98,7 +100,7 @@ def test_json_dash_writes_the_report_to_stdout_and_nothing_else(tmp_path):
 
 
 def test_junit_dash_writes_the_xml_to_stdout(tmp_path):
-    result = run_audit("--host", REFUSED, "--junit", "-", "--json", str(tmp_path / "audit.json"))
+    result = run_audit("host", REFUSED, "--junit", "-", "--json", str(tmp_path / "audit.json"))
     assert result.returncode == 2
     suite = ElementTree.fromstring(result.stdout).find("testsuite")
     assert (suite.get("name"), suite.get("errors")) == ("127.0.0.1", "1")

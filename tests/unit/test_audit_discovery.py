@@ -31,13 +31,11 @@ from provisioner.audit.discovery import (
 )
 from provisioner.audit.expectations import (
     bind_verdict,
-    command_options,
-    config_options,
     gpu_card_shares,
     load_profile,
-    memory_share,
     profile_expectations,
 )
+from provisioner.vllm.serve_args import command_options, config_options, memory_share
 from provisioner.audit.processes import group_servers, is_vllm_command, launched_via
 from tests.doubles import nvidia_smi_standin
 

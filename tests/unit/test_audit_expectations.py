@@ -10,10 +10,10 @@ import pytest
 from provisioner.audit.expectations import (
     load_profile,
     profile_expectations,
-    serving_expectations,
     spec_targets,
     time_span,
 )
+from provisioner.vllm.serve_args import serving_expectations
 from provisioner.inventory import host_vars
 from provisioner.paths import EXAMPLES_DIR
 from provisioner.plan import build_plan

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from provisioner.audit.report import host_table, json_text, junit_text, summary, write_json, write_junit
-from provisioner.audit.expectations import Connection
+from provisioner.remote import Connection
 from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, ssh_config_block
 from tests.unit.test_audit_suite import run_plugin
 

@@ -14,7 +14,7 @@ import pytest
 
 from provisioner.audit.checks import Audit, Drift
 from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
-from provisioner.audit.expectations import is_vllm_command
+from provisioner.audit.processes import is_vllm_command
 from provisioner.audit.text import modprobe_dry_run
 from provisioner.audit.suite.facts import (
     HTTP_PROBE,
@@ -26,7 +26,8 @@ from provisioner.audit.suite.facts import (
     parse_outputs,
     parse_unit,
 )
-from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command, sysctl_settings
+from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command
+from provisioner.file_formats import sysctl_settings
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 STANDIN_PACKAGE = Path(__file__).resolve().parents[1] / "doubles" / "vllm_package"

@@ -105,7 +105,7 @@ def test_the_plot_is_a_png_with_the_floor(tmp_path):
 
 def test_compare_on_the_command_line_prints_deltas_and_writes_the_plot(tmp_path):
     results = shutil.copytree(RECORDED, tmp_path / "results")
-    outcome = CliRunner().invoke(app, ["bench", "--compare", "conc-defaults", "conc-latency", "--results", str(results)],
+    outcome = CliRunner().invoke(app, ["bench", "compare", "conc-defaults", "conc-latency", "--results", str(results)],
                                  env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert "conc-defaults (reference) vs conc-latency" in outcome.output
@@ -116,7 +116,7 @@ def test_compare_on_the_command_line_prints_deltas_and_writes_the_plot(tmp_path)
 def test_compare_without_matplotlib_prints_the_tables_and_how_to_get_plots(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as where the extra `plot` is not installed
     results = shutil.copytree(RECORDED, tmp_path / "results")
-    outcome = CliRunner().invoke(app, ["bench", "--compare", "conc-defaults", "conc-latency", "--results", str(results)],
+    outcome = CliRunner().invoke(app, ["bench", "compare", "conc-defaults", "conc-latency", "--results", str(results)],
                                  env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert outcome.exception is None
@@ -167,7 +167,7 @@ def test_a_sweep_value_that_does_not_fit_in_memory_is_refused():
 def test_bench_names_the_instances_when_one_is_unknown(tmp_path):
     spec = tmp_path / "spec.yml"
     spec.write_text(json.dumps(_spec().model_dump(mode="json")))
-    outcome = CliRunner().invoke(app, ["bench", "chta", "--spec", str(spec)], env={"COLUMNS": "200"})
+    outcome = CliRunner().invoke(app, ["bench", "run", "chta", "--spec", str(spec)], env={"COLUMNS": "200"})
     assert outcome.exit_code == 2
     assert "no instance 'chta' in the spec — did you mean 'chat'? instances: chat" in outcome.output
 

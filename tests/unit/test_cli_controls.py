@@ -44,7 +44,7 @@ def two_hosts(tmp_path: Path, name: str = "spec.yml", **first) -> Path:
 
 # --------------------------------------------------------------------------- where the spec is found
 
-SPEC_COMMANDS = [("plan",), ("inventory", "-o", "inv"), ("apply", "ws4070"), ("trust", "ws4070"), ("bench", "chat")]
+SPEC_COMMANDS = [("plan",), ("inventory", "-o", "inv"), ("apply", "ws4070"), ("trust", "ws4070"), ("bench", "run", "chat")]
 
 
 @pytest.mark.parametrize("command", SPEC_COMMANDS, ids=lambda command: command[0])
@@ -166,9 +166,9 @@ def test_the_old_form_with_the_spec_as_first_argument_says_to_use_spec(tmp_path,
 def test_no_traceback_reaches_the_user_from_a_broken_installation_or_a_bug(tmp_path):
     """The `provision` script (provisioner.cli.main:run): a missing part of the installation is one line,
     exit 1; an unexpected error is named as a bug, exit 70, its traceback only with PROVISION_DEBUG=1."""
-    code = ("import sys, provisioner.paths as paths, provisioner.cli.main as main, provisioner.cli.spec_cmds as s; "
+    code = ("import sys, provisioner.paths as paths, provisioner.cli.main as main, provisioner.plan as p; "
             "paths.ROLES_DIR = paths.ROLES_DIR.parent / 'gone'; "
-            "s.build_plan = (lambda *a, **k: 1 / 0) if sys.argv[1] == 'bug' else s.build_plan; "
+            "p.build_plan = (lambda *a, **k: 1 / 0) if sys.argv[1] == 'bug' else p.build_plan; "
             "sys.argv = ['provision', 'plan', '--spec', sys.argv[2]]; main.run()")
     spec = str(EXAMPLES_DIR / "seed1-3090.yml")
 

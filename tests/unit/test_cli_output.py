@@ -52,7 +52,8 @@ def test_version_comes_from_the_installed_distribution_with_the_pins():
 @pytest.mark.parametrize("typed, offered", [
     ("provision au", ["audit"]),
     ("provision a", ["apply", "audit"]),
-    ("provision audit --ju", ["--junit"]),
+    ("provision audit sp", ["spec"]),
+    ("provision audit spec --ju", ["--junit"]),
 ])
 def test_bash_completes_command_names_and_options(typed, offered):
     words = typed.split(" ")

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from provisioner.cli import facts_cmd
 from provisioner.cli.main import app
+from provisioner.gpu import facts as gpu_facts
 from provisioner.gpu.facts import read_facts
 from provisioner.gpu.smi import SmiError
 from provisioner.paths import CONTENT_ROOT
@@ -39,7 +40,7 @@ def test_without_a_driver_it_says_so(monkeypatch):
     def no_driver(**_):
         raise SmiError("nvidia-smi is not on the PATH, and NVML did not start: Driver Not Loaded")
 
-    monkeypatch.setattr(facts_cmd, "read_facts", no_driver)
+    monkeypatch.setattr(gpu_facts, "read_facts", no_driver)  # facts imports it when it runs
     result = CliRunner().invoke(app, ["facts"])
     assert result.exit_code == 1
     assert "cannot read the GPUs: nvidia-smi is not on the PATH, and NVML did not start" in result.output
@@ -57,7 +58,7 @@ def test_with_json_a_missing_driver_is_a_json_error_on_stdout(monkeypatch):
     def no_driver(**_):
         raise SmiError("nvidia-smi is not on the PATH, and NVML did not start: Driver Not Loaded")
 
-    monkeypatch.setattr(facts_cmd, "read_facts", no_driver)
+    monkeypatch.setattr(gpu_facts, "read_facts", no_driver)  # facts imports it when it runs
     result = CliRunner().invoke(app, ["facts", "--json"])
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {

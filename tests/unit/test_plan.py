@@ -6,14 +6,9 @@ import pytest
 import yaml
 
 from provisioner.paths import EXAMPLES_DIR
-from provisioner.plan import (
-    HostPlan,
-    build_plan,
-    env_file_environment,
-    render_role_file,
-    role_defaults,
-    unit_environment,
-)
+from provisioner.file_formats import env_file_environment, unit_environment
+from provisioner.plan import HostPlan, build_plan
+from provisioner.roles import render_role_file, role_defaults
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 

@@ -8,8 +8,8 @@ import configparser
 import yaml
 
 from provisioner.audit.expectations import container_expectations, host_expectations
-from provisioner.inventory import build_inventory
-from provisioner.plan import build_plan, role_defaults
+from provisioner.plan import build_plan
+from provisioner.roles import host_variables
 from provisioner.spec import validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 
@@ -76,7 +76,7 @@ def test_docker_instance_is_a_compose_project_with_a_boot_unit():
 def test_audit_expects_what_the_templates_render():
     spec = validate_spec(containers_spec(), check_files=False)
     (plan,) = build_plan(spec)
-    variables = {**role_defaults(), **build_inventory(spec)["host_vars/ws4070.yml"]}
+    variables = host_variables(spec.hosts[0], spec.instances)
     expected = host_expectations(variables, plan)
     assert expected["units"] == []
     pod, dock = expected["vllm_containers"]
@@ -95,6 +95,6 @@ def test_audit_probes_a_container_serving_tls_over_https():
                                          container={"engine": "podman"})])
     spec = validate_spec(data, check_files=False)
     (plan,) = build_plan(spec)
-    variables = {**role_defaults(), **build_inventory(spec)["host_vars/ws4070.yml"]}
+    variables = host_variables(spec.hosts[0], spec.instances)
     (tls,) = host_expectations(variables, plan)["vllm_containers"]
     assert tls["url"] == "https://10.0.0.5:8443"

@@ -13,9 +13,9 @@ import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from provisioner.inventory import host_vars
 from provisioner.paths import EXAMPLES_DIR, ROLES_DIR
-from provisioner.plan import UNIT_TEMPLATES, build_plan, role_defaults
+from provisioner.plan import build_plan
+from provisioner.roles import UNIT_TEMPLATES, host_variables
 from provisioner.spec import load_spec, validate_spec
 from tests.injection_values import QUOTED
 from tests.unit.conftest import instance, spec_data
@@ -35,7 +35,7 @@ def test_every_planned_file_equals_ansible_rendering(example):
     spec = load_spec(EXAMPLES_DIR / f"{example}.yml")
     (plan,) = build_plan(spec)
     host = spec.hosts[0]
-    variables = {**role_defaults(), **host_vars(host, spec.instances_on(host.name))}
+    variables = host_variables(host, spec.instances_on(host.name))
 
     pairs = [
         (ROLES_DIR / "sysctl/templates/sysctl.conf.j2", variables, plan.sysctl_file.content),
@@ -71,7 +71,7 @@ def test_nasty_values_render_as_ansible_renders_them():
     spec = validate_spec(spec_data(instances=instances), check_files=False)
     (plan,) = build_plan(spec)
     host = spec.hosts[0]
-    variables = {**role_defaults(), **host_vars(host, spec.instances_on(host.name))}
+    variables = host_variables(host, spec.instances_on(host.name))
     for index, unit in enumerate(plan.units):
         entry = variables["vllm_service_instances"][index]
         unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_instance_index": index}

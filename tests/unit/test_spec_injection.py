@@ -8,7 +8,6 @@ own preflight refuses what the spec refuses, and accepts what the spec accepts.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import shlex
@@ -20,25 +19,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from provisioner import plan as plan_module
 from provisioner.cli.main import app
 from provisioner.inventory import host_vars
 from provisioner.paths import ROLES_DIR
-from provisioner.plan import build_plan, systemd_words
+from provisioner.file_formats import systemd_words
+from provisioner.plan import build_plan
 from provisioner.spec import SpecError, validate_spec
 from tests.injection_values import CONTROL, LINE_BREAKING, NASTY, QUOTED, REFUSED
 from tests.unit.conftest import host, instance, spec_data, write_spec
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _role_tasks_read_once():
-    """The plan reads the roles' task files for every file it renders; they do not change during these
-    hundreds of plans, so each is read once here (the same tasks, only faster)."""
-    original = plan_module._role_tasks
-    read = functools.cache(lambda role: list(original(role)))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plan_module, "_role_tasks", lambda role: iter(read(role)))
-        yield
 
 
 def _served_model_name(value: str) -> dict:

@@ -6,8 +6,9 @@ import shutil
 
 import pytest
 
-from provisioner.paths import SPEC_EXAMPLE
+from provisioner.paths import EXAMPLES_DIR, SPEC_EXAMPLE
 from provisioner.spec import SpecError, load_spec
+from provisioner.spec import loading
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 
@@ -101,3 +102,32 @@ def test_the_shipped_example_reports_its_missing_files(tmp_path, monkeypatch):
         f"instances[0].api_key_file: {tmp_path}/secrets/qwen.key does not exist — create it with the API key "
         "(its content becomes VLLM_API_KEY) or correct the path",
     ]
+
+
+SAMPLE_DOCUMENTS = [
+    "version: 1\nhosts: []\n",
+    "defaults: &d {swappiness: 1}\nhosts:\n  - {<<: *d, name: a}\n  - <<: *d\n    name: b\n    swappiness: 10\n",
+    "a: '1'\nb: 1\nc: 1.5\nd: yes\ne: ~\nf: 2026-12-02\ng: 0o17\nh: 017\ni: '0x1F'\nj: 0x1F\n",
+    "key: |\n  line one\n  line two\nfolded: >\n  a\n  b\n",
+    "\"q\\u00e9\": \"tab\\there\"\nlist: [a, 'b c', \"d\\\"e\"]\n",
+]
+
+
+@pytest.mark.parametrize("text", [*SAMPLE_DOCUMENTS, *(path.read_text() for path in sorted(EXAMPLES_DIR.glob("*.yml"))),
+                                  SPEC_EXAMPLE.read_text()])
+def test_libyaml_and_pyyaml_read_a_spec_to_the_same_data(text):
+    """Specs are read by libyaml where it is there (a fleet's spec reads several times faster), PyYAML's own
+    parser giving the messages of a document with a problem: both must build exactly the same data."""
+    fast = loading._fast_load(text)
+    assert fast is not loading._UNREAD
+    strict = loading._StrictLoader(text)
+    try:
+        slow = strict.get_single_data()
+    finally:
+        strict.dispose()
+    assert repr(fast) == repr(slow)  # repr: the same values of the same types (1 is not True, 1.0 not 1)
+
+
+@pytest.mark.parametrize("text", ["a: 1\na: 2\n", "a: [1, 2\n", "a:\n\t- b\n", "x: &a [*a]\n"])
+def test_a_document_libyaml_finds_a_problem_in_is_left_to_pyyaml_for_its_message(text):
+    assert loading._fast_load(text) is loading._UNREAD

@@ -1,8 +1,8 @@
 """The memory planner: model shapes, the byte arithmetic, and per-GPU plans for the seed setups.
 
 Expected numbers are worked out by hand below (the arithmetic is in the comments and in the
-expressions), from the model's formulas and constants as the module docstring of
-provisioner/vllm/memory.py states them, and checked against published parameter counts, the
+expressions), from the model's formulas and constants as the package docstring of
+provisioner/vllm/memory/ states them, and checked against published parameter counts, the
 gpu-lab README (H200) and vLLM 0.25.0 logs measured on an H200 (OverheadModel's docstring).
 """
 

@@ -2,10 +2,10 @@
 model, --load-format dummy): vLLM's defaults against the planner profiles `latency` and `throughput`,
 side by side on one GPU, through `provision bench`.
 
-  python3 -m bench.h200.run prepare            wrappers, spec (this GPU's UUID), rendered config files
-  python3 -m bench.h200.run serve NAME…        start the instances as their units would, one after another
-  python3 -m bench.h200.run trace NAME         where the time of a batch-1 decode step goes (torch profiler)
-  python3 -m bench.h200.run stop
+  python3 -m benchmarks.h200.run prepare            wrappers, spec (this GPU's UUID), rendered config files
+  python3 -m benchmarks.h200.run serve NAME…        start the instances as their units would, one after another
+  python3 -m benchmarks.h200.run trace NAME         where the time of a batch-1 decode step goes (torch profiler)
+  python3 -m benchmarks.h200.run stop
 
 The machine is lent bare (no systemd, no network, no vllm console script): `prepare` lays vLLM out as
 the role vllm_install would (/opt/vllm/venv/bin/vllm and python, here wrappers around the bundle's
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> None:
     elif command == "serve":
         serve(rest or list(INSTANCES))
     elif command == "trace":
-        from bench.h200.decode_trace import trace
+        from benchmarks.h200.decode_trace import trace
 
         trace(rest[0] if rest else "trace", INSTANCES[rest[0] if rest else "trace"][0], TRACES, STAGE)
     elif command == "stop":

@@ -1,6 +1,6 @@
 """Benchmark (not a test): how long `provision audit` takes on 1 host and on N hosts, warm.
 
-  VP_LAB_BRIDGE=vpaud0 VP_LAB_NETWORK=10.88.3.0/24 .venv/bin/python -m bench.audit_bench [--hosts N] [--runs R]
+  VP_LAB_BRIDGE=vpaud0 VP_LAB_NETWORK=10.88.3.0/24 .venv/bin/python -m benchmarks.audit_bench [--hosts N] [--runs R]
 
 Boots N lab hosts (default 8), applies a spec with one instance each, then times the audit of the
 first host alone and of all N: one cold run (opens the SSH masters), then R warm runs (the masters

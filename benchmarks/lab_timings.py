@@ -1,6 +1,6 @@
 """Benchmark (not a test): how long the lab and `provision apply` take, on 1 and on 3 hosts.
 
-  .venv/bin/python -m bench.lab_timings [--cold]
+  .venv/bin/python -m benchmarks.lab_timings [--cold]
 
 --cold builds the rootfs from scratch in a temporary cache first (mmdebstrap, ~1 min).
 Prints one table of seconds measured in this run.

@@ -1,0 +1,126 @@
+"""The roles, read as data: what plan, audit and bench know of a role comes from here.
+
+A role's variables are its `defaults/main.yml` (literal values, no Jinja) overlaid with the host_vars
+the inventory generates for the host (`host_variables`); a file it writes is its own template,
+rendered with plain Jinja2 as Ansible's template module renders it, at the destination and mode of
+the role's own template task (`render_role_file`). Each role's tasks and defaults are read once per
+process. Nothing here re-implements a unit or a config file in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jinja2
+import yaml
+
+from provisioner.inventory import host_vars
+from provisioner.paths import role_dir
+from provisioner.spec import Host, Instance
+
+ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service")  # site.yml's order
+UNIT_TEMPLATE = "vllm-instance.service.j2"
+QUADLET_TEMPLATE = "vllm-instance.container.j2"
+COMPOSE_TEMPLATE = "vllm-instance.compose.yaml.j2"
+COMPOSE_UNIT_TEMPLATE = "vllm-instance.compose.service.j2"
+UNIT_TEMPLATES = {None: UNIT_TEMPLATE, "podman": QUADLET_TEMPLATE, "docker": COMPOSE_TEMPLATE}  # by container engine
+ENV_TEMPLATE = "vllm-instance.env.j2"
+CONFIG_TEMPLATE = "vllm-instance.yaml.j2"
+NOUVEAU_TEMPLATES = ("blacklist-nouveau.conf.j2", "grub-nouveau.cfg.j2")
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """A file a role writes: where, with which mode, and its rendered content."""
+
+    path: str
+    content: str
+    mode: str | None
+    role: str
+
+
+def host_variables(host: Host, instances: list[Instance]) -> dict[str, Any]:
+    """What the roles read on `host`: their defaults overlaid with the host_vars the inventory generates."""
+    return {**role_defaults(), **host_vars(host, instances)}
+
+
+@cache
+def role_defaults() -> dict[str, Any]:
+    """The roles' defaults/main.yml merged (they are literal values, no Jinja)."""
+    merged: dict[str, Any] = {}
+    for role in ROLES:
+        path = role_dir(role) / "defaults" / "main.yml"
+        merged.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+    return merged
+
+
+@cache
+def role_vars(role: str) -> dict[str, Any]:
+    """The role's vars/main.yml, as written (its values may be Jinja: `render_string` renders one)."""
+    return yaml.safe_load((role_dir(role) / "vars" / "main.yml").read_text(encoding="utf-8")) or {}
+
+
+def render_role_file(role: str, template: str, variables: dict[str, Any]) -> PlannedFile:
+    """Render roles/<role>/templates/<template> where the role's template task puts it."""
+    task = find_task_args(role, "template", lambda args: args.get("src") == template)
+    return PlannedFile(
+        path=render_string(task["dest"], variables),
+        content=_environment(role).get_template(template).render(variables),
+        mode=task.get("mode"),
+        role=role,
+    )
+
+
+def render_string(text: str, variables: dict[str, Any], role: str = ROLES[0]) -> str:
+    """`text` (a task's `dest:`, a `line:`) rendered as Ansible renders a task argument."""
+    return _compiled(role, text).render(variables)
+
+
+@cache
+def _compiled(role: str, text: str) -> jinja2.Template:
+    return _environment(role).from_string(text)
+
+
+@cache
+def _environment(role: str) -> jinja2.Environment:
+    """Plain Jinja2 set up as Ansible's template module sets it up for a role's template: templates
+    it includes or imports are looked up in the role's templates/ folder, as Ansible looks them up."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(role_dir(role) / "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def find_task_args(role: str, module: str, matches: Callable[[dict], bool]) -> dict[str, Any]:
+    """The arguments of the role's first `module` task (short or ansible.builtin name) that `matches`."""
+    names = (module, f"ansible.builtin.{module}")
+    for task in role_tasks(role):
+        for name in names:
+            args = task.get(name)
+            if isinstance(args, dict) and matches(args):
+                return args
+    raise LookupError(f"role {role} has no matching {module} task (looked in {role_dir(role) / 'tasks'})")
+
+
+@cache
+def role_tasks(role: str) -> tuple[dict, ...]:
+    """Every task of the role (its tasks/*.yml, blocks flattened), read once per process."""
+    tasks: list[dict] = []
+    for path in sorted((role_dir(role) / "tasks").glob("*.yml")):
+        tasks += _flatten(yaml.safe_load(path.read_text(encoding="utf-8")) or [])
+    return tuple(tasks)
+
+
+def _flatten(tasks: list) -> Iterator[dict]:
+    for task in tasks:
+        if not isinstance(task, dict):
+            continue
+        yield task
+        for section in ("block", "rescue", "always"):
+            yield from _flatten(task.get(section) or [])

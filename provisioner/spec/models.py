@@ -1,0 +1,342 @@
+"""The spec's shape: pydantic models of the hosts and instances, and the field types they use.
+
+Pass 1 of the validation: unknown keys are rejected, types are strict, ranges and the grammar of
+each field (names, UUIDs, sizes, images, versions) are checked; each message names the fix.
+Checks across fields and entries live in `cross_checks` and `text_checks`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+)
+from pydantic_core import PydanticCustomError
+
+from provisioner.spec.wording import literal, show
+from provisioner.vllm.profiles import profile_env, profile_options
+
+# --------------------------------------------------------------------------- field types
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+SIZE_RE = re.compile(r"^[1-9][0-9]*[KMGT]$")
+HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]+)?$")
+IMAGE_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # Ansible's rule for group names (a Python identifier)
+
+
+def _invalid(kind: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(kind, message)
+
+
+def _matching(pattern: re.Pattern, kind: str, problem: str) -> Callable[[str], str]:
+    """A validator: the value must match `pattern`; else "'<value>' <problem>"."""
+
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise _invalid(kind, f"'{value}' {problem}")
+        return value
+
+    return check
+
+
+_check_name = _matching(
+    NAME_RE, "name",
+    "is not a valid name — use lowercase letters, digits and dashes, starting with a letter or digit "
+    "(e.g. qwen7b, ws-3090)",
+)
+_check_gpu_uuid = _matching(
+    GPU_UUID_RE, "gpu_uuid",
+    "is not a GPU UUID — expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lowercase hex) as printed by "
+    "`nvidia-smi -L`",
+)
+_check_size = _matching(
+    SIZE_RE, "size",
+    "is not a size — write a number with a K, M, G or T suffix (e.g. 16G), or null to leave /dev/shm as it is",
+)
+_check_version = _matching(VERSION_RE, "version", 'is not a version — e.g. "0.25.0" (quoted)')
+_check_image = _matching(
+    IMAGE_RE, "image",
+    "is not an image name — registry/repository in lowercase, without tag or digest "
+    "(e.g. docker.io/vllm/vllm-openai; the tag and digest have keys of their own)",
+)
+_check_container_shm = _matching(
+    SIZE_RE, "size", "is not a size — write a number with a K, M, G or T suffix (e.g. 8G)"
+)
+_check_group = _matching(
+    GROUP_RE, "group",
+    "is not a valid Ansible group name — use letters, digits and underscores, not starting with a digit "
+    "(e.g. rack_a, h200)",
+)
+_check_tag = _matching(TAG_RE, "tag", "is not an image tag — letters, digits, '_.-' (e.g. v0.25.0)")
+_check_digest = _matching(
+    DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
+)
+
+
+def _check_address(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not HOSTNAME_RE.match(value):
+            raise _invalid("address", f"'{value}' is neither an IP address nor a host name") from None
+    return value
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # YAML's true/false are ints to Python
+
+
+def _check_gpu_ref(value: Any) -> Any:
+    if is_int(value) and value >= 0:
+        return value
+    if isinstance(value, str) and GPU_UUID_RE.match(value):
+        return value
+    raise _invalid(
+        "gpu_ref",
+        f"{literal(value)} is neither a GPU index nor a GPU UUID — use an index from the host's "
+        "gpus.devices (e.g. 0) or a UUID as printed by `nvidia-smi -L`",
+    )
+
+
+def _check_power_limit(value: Any) -> Any:
+    if value in ("max", "default") and isinstance(value, str):
+        return value
+    if is_int(value) and value > 0:
+        return value
+    raise _invalid(
+        "power_limit",
+        f"{literal(value)} is not a power limit — use watts (a positive integer, e.g. 450), 'max' or 'default'",
+    )
+
+
+def _check_scalar(value: Any) -> Any:
+    if isinstance(value, str) or is_int(value):
+        return value
+    raise _invalid("scalar", f"expected a string or an integer, got {show(value)}")
+
+
+def _check_absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise _invalid("absolute_path", f"'{value}' is not an absolute path — start it with /")
+    return os.path.normpath(value)
+
+
+def _resolve_path(value: str, info: ValidationInfo) -> str:
+    """`~` expanded, relative paths taken from the spec file's folder (`base_dir` in the context)."""
+    base_dir = Path((info.context or {}).get("base_dir") or Path.cwd())
+    return os.path.normpath(base_dir.absolute() / Path(value).expanduser())
+
+
+def _schema_pattern(pattern: re.Pattern) -> Any:
+    """The regex a validator checks, shown in the JSON Schema (editors check it too); validation stays the
+    validator's, with its message."""
+    return Field(json_schema_extra={"pattern": pattern.pattern})
+
+
+Name = Annotated[str, AfterValidator(_check_name), _schema_pattern(NAME_RE)]
+Address = Annotated[str, AfterValidator(_check_address)]
+GroupName = Annotated[str, AfterValidator(_check_group), _schema_pattern(GROUP_RE)]
+GpuUuid = Annotated[str, AfterValidator(_check_gpu_uuid), _schema_pattern(GPU_UUID_RE)]
+GpuRef = Annotated[int | str, BeforeValidator(_check_gpu_ref)]
+PowerLimit = Annotated[int | Literal["max", "default"], BeforeValidator(_check_power_limit)]
+Size = Annotated[str, AfterValidator(_check_size), _schema_pattern(SIZE_RE)]
+SysctlValue = Annotated[int | str, BeforeValidator(_check_scalar)]
+SpecPath = Annotated[str, AfterValidator(_resolve_path)]
+AbsolutePath = Annotated[str, AfterValidator(_check_absolute)]
+Version = Annotated[str, AfterValidator(_check_version), _schema_pattern(VERSION_RE)]
+Image = Annotated[str, AfterValidator(_check_image), _schema_pattern(IMAGE_RE)]
+Tag = Annotated[str, AfterValidator(_check_tag), _schema_pattern(TAG_RE)]
+ContainerShmSize = Annotated[str, AfterValidator(_check_container_shm), _schema_pattern(SIZE_RE)]
+Digest = Annotated[str, AfterValidator(_check_digest), _schema_pattern(DIGEST_RE)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --------------------------------------------------------------------------- models
+
+
+class Ssh(_Model):
+    """How Ansible reaches the host."""
+
+    user: str = Field("root", description="login user")
+    port: int = Field(22, ge=1, le=65535, description="ssh port")
+    key: SpecPath | None = Field(
+        None, description="private key file (relative to the spec, ~ expanded); null: ssh's own defaults/agent"
+    )
+    known_hosts: SpecPath | None = Field(
+        None, description="known_hosts file to check the host key against (strict checking); null: ssh's defaults"
+    )
+    become: bool = Field(False, description="use sudo (true when user is not root)")
+
+
+class HostSettings(_Model):
+    """Kernel and OS settings."""
+
+    swappiness: int = Field(1, ge=0, le=200, description="vm.swappiness; low keeps model files and buffers in RAM")
+    sysctls: dict[str, SysctlValue] = Field(
+        default_factory=dict, description="other kernel parameters, e.g. {vm.max_map_count: 262144}"
+    )
+    shm_size: Size | None = Field(None, description="size of /dev/shm (16G, 512M); null leaves it as it is")
+    nouveau_blacklist: bool = Field(True, description="blacklist the nouveau driver (modprobe, initramfs, cmdline)")
+
+
+class GpuDevice(_Model):
+    """One GPU of the host, as `nvidia-smi -L` lists it."""
+
+    index: int = Field(ge=0, description="nvidia-smi index (PCI bus order)")
+    uuid: GpuUuid | None = Field(None, description="GPU-… UUID; needed to pin instances to this GPU")
+    model: str | None = Field(None, description="product name, for humans and the audit")
+    power_limit: PowerLimit = Field("default", description="watts, 'max' (the card's maximum) or 'default'")
+    memory_mib: int | None = Field(
+        None, ge=1, description="memory.total of nvidia-smi, for the memory plan; null: known from the model name"
+    )
+
+
+class GpuSettings(_Model):
+    """The host's GPUs and the rules for sharing them."""
+
+    expected_count: int | None = Field(None, ge=0, description="GPUs the host must have; null: as many as devices")
+    persistence_mode: bool = Field(True, description="keep the driver loaded (power limits stick, faster start)")
+    memory_share_limit: float = Field(
+        0.95, gt=0, le=1, description="the most the instances' gpu_memory_utilization on one GPU may add up to"
+    )
+    devices: list[GpuDevice] = Field(default_factory=list, description="the GPUs, by index")
+
+    @property
+    def count(self) -> int:
+        return len(self.devices) if self.expected_count is None else self.expected_count
+
+
+class VllmSettings(_Model):
+    """The vLLM installation the instances run."""
+
+    version: Version = Field("0.25.0", description="vLLM version (quoted string): 0.25.0 or 0.33.0")
+    install_path: AbsolutePath = Field("/opt/vllm", description="install folder; units run <install_path>/venv/bin/vllm")
+    wheelhouse: SpecPath | None = Field(
+        None, description="folder on this machine with every wheel (`provision wheelhouse`): offline install; null: pip's index"
+    )
+    index_url: str | None = Field(None, description="pip's index URL when there is no wheelhouse; null: PyPI")
+
+
+class Host(_Model):
+    """A GPU server."""
+
+    name: Name = Field(description="inventory name: lowercase letters, digits, dashes; unique; at most 63 "
+                       "characters (a DNS label)")
+    address: Address = Field(description="IP address or DNS name ssh connects to")
+    ssh: Ssh = Field(default_factory=Ssh, description="how Ansible, the audit and bench reach the host over ssh")
+    settings: HostSettings = Field(default_factory=HostSettings, description="kernel and OS settings")
+    gpus: GpuSettings = Field(default_factory=GpuSettings, description="the host's GPUs and the rules for sharing them")
+    vllm: VllmSettings = Field(default_factory=VllmSettings, description="the vLLM installation the host's venv instances run")
+    groups: list[GroupName] = Field(
+        default_factory=list, description="inventory groups the host belongs to (besides vllm_hosts), e.g. [rack_a]; "
+        "HOST arguments of plan/apply/audit accept them")
+
+    def device(self, index: int) -> GpuDevice | None:
+        return next((device for device in self.gpus.devices if device.index == index), None)
+
+    def device_by_uuid(self, uuid: str) -> GpuDevice | None:
+        return next((device for device in self.gpus.devices if device.uuid == uuid), None)
+
+    def gpu_uuid(self, ref: int | str) -> str | None:
+        """The UUID a GPU reference (index or UUID) stands for; None if it cannot be resolved."""
+        if isinstance(ref, str):
+            return ref
+        device = self.device(ref)
+        return device.uuid if device else None
+
+
+class Container(_Model):
+    """Run the instance in a container instead of the host's venv: a Podman quadlet or a Docker compose project."""
+
+    engine: Literal["podman", "docker"] = Field(
+        description="podman: a quadlet (/etc/containers/systemd/vllm-<name>.container); docker: a compose project"
+    )
+    image: Image = Field("docker.io/vllm/vllm-openai", description="image name, without tag or digest")
+    tag: Tag | None = Field(None, description="image tag; null: v<the host's vllm.version>")
+    digest: Digest | None = Field(None, description="sha256:… pins the exact image (name:tag@digest)")
+    shm_size: ContainerShmSize = Field("8G", description="size of the container's /dev/shm (ignored with ipc_host)")
+    ipc_host: bool = Field(False, description="share the host's IPC namespace and /dev/shm (--ipc=host)")
+    image_archive: SpecPath | None = Field(
+        None, description="`docker save` archive of the image (name:tag) on this machine, loaded where the host lacks "
+                          "the image: hosts without a registry; null: the engine pulls it"
+    )
+
+
+class Instance(_Model):
+    """One `vllm serve` process, run as the systemd unit vllm-<name>.service, or in a container."""
+
+    name: Name = Field(description="unique across the spec; names the unit vllm-<name> and the env file; at most "
+                       "58 characters (vllm-<name> is a DNS label)")
+    host: str = Field(description="name of the host it runs on (a hosts[].name)")
+    model: str = Field(description="model to serve (Hugging Face id or local path); not blank")
+    port: int = Field(8000, ge=1, le=65535, description="--port; unique per host")
+    bind: Address = Field("127.0.0.1", description="--host: address to listen on")
+    gpus: list[GpuRef] = Field(min_length=1, description="GPUs: indexes into the host's gpus.devices, or UUIDs; "
+                                "as many as tensor- × pipeline- × prefill-context-parallel × data-parallel size")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="--gpu-memory-utilization: this instance's share of each of its GPUs"
+    )
+    profile: Literal["latency", "throughput"] | None = Field(
+        None, description="planner profile: latency (one user, fastest tokens) or throughput (many users); null: vLLM's defaults"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="other `vllm serve` flags: long names without --, e.g. {max-model-len: 4096}"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables (strings)")
+    api_key_file: SpecPath | None = Field(
+        None, description="file (relative to the spec) whose content becomes VLLM_API_KEY; null: no key"
+    )
+    container: Container | None = Field(None, description="run in a container (podman or docker); null: the host's venv")
+
+    @property
+    def serve_options(self) -> dict[str, Any]:
+        """The `vllm serve` flags the instance runs with: its profile's, overridden by its own options."""
+        own = {key.replace("_", "-"): value for key, value in self.options.items()}
+        return {**{key: value for key, value in profile_options(self.profile).items() if key not in own},
+                **self.options}
+
+    @property
+    def serve_env(self) -> dict[str, str]:
+        """The environment the instance runs with: its profile's, overridden by its own env."""
+        return {**profile_env(self.profile), **self.env}
+
+
+class Spec(_Model):
+    """The whole spec file."""
+
+    version: Literal[1] = Field(description="spec format version: 1")
+    hosts: list[Host] = Field(min_length=1, description="the GPU servers, at least one")
+    instances: list[Instance] = Field(default_factory=list, description="the vLLM servers to run on them")
+
+    _source_path: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source_path(self) -> Path | None:
+        """The file the spec was loaded from (None when built in code)."""
+        return self._source_path
+
+    def host(self, name: str) -> Host | None:
+        return next((host for host in self.hosts if host.name == name), None)
+
+    def instances_on(self, host_name: str) -> list[Instance]:
+        return [instance for instance in self.instances if instance.host == host_name]

@@ -1,0 +1,70 @@
+"""The package's import map points down: each module imports only from its own layer or the layers below.
+
+Top to bottom: the CLI; the commands' library (apply, audit, bench, the schema docs); the plan; the roles
+read as data, the memory plan and the preflight gate on it; the inventory, host selection and the remote layer (SSH);
+the spec; the vLLM and GPU libraries (below the spec: they know nothing of it); the pieces everything uses.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from provisioner.paths import PACKAGE_DIR
+
+LAYERS = [  # bottom first: a module's layer is the first entry that names it or a package above it
+    ["provisioner.paths", "provisioner.secrets", "provisioner.files", "provisioner.module_utils",
+     "provisioner.file_formats", "provisioner.hostkeys", "provisioner.runlog", "provisioner.ansible_config"],
+    ["provisioner.vllm", "provisioner.gpu"],
+    ["provisioner.spec"],
+    ["provisioner.selection", "provisioner.inventory", "provisioner.remote"],
+    ["provisioner.roles", "provisioner.memory_plan", "provisioner.preflight"],
+    ["provisioner.plan"],
+    ["provisioner.apply", "provisioner.audit", "provisioner.bench", "provisioner.spec_docs"],
+    ["provisioner.cli"],
+]
+
+
+def layer_of(module: str) -> int:
+    for index, names in enumerate(LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return index
+    raise LookupError(f"{module} is in no layer of tests/unit/test_layers.py: add it where it belongs")
+
+
+def package_modules() -> dict[str, ast.Module]:
+    modules = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        relative = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+        if "_content" in relative.parts:
+            continue
+        name = ".".join(relative.parts).removesuffix(".__init__")
+        if name != "provisioner":
+            modules[name] = ast.parse(path.read_text(encoding="utf-8"))
+    return modules
+
+
+def imported(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every `from provisioner… import` and `import provisioner…`, lazy ones included."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("provisioner"):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("provisioner")]
+    return found
+
+
+def test_every_module_is_in_a_layer():
+    for name in package_modules():
+        layer_of(name)
+
+
+def test_no_import_runs_back_up():
+    upward = [
+        f"{name}:{line} imports {target} (layer {layer_of(target)} above {layer_of(name)})"
+        for name, tree in package_modules().items()
+        for line, target in imported(tree)
+        if target != "provisioner" and layer_of(target) > layer_of(name)
+    ]
+    assert upward == []
+
