@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from provisioner.ansible_config import ansible_environment
-from provisioner.apply import Controls, site_tags, split_tags
+from provisioner.apply import Controls, phase_tags, site_tags, split_tags
 from provisioner.cli.main import app
 from provisioner.inventory import write_inventory
-from provisioner.paths import EXAMPLES_DIR
+from provisioner.paths import EXAMPLES_DIR, role_dir
 from provisioner.runlog import RunLog, runs_dir
 from provisioner.selection import select_hosts
 from provisioner.spec import load_spec
@@ -198,6 +199,25 @@ def test_controls_become_ansible_playbook_options():
 def test_the_tags_are_the_site_playbooks_role_tags():
     assert site_tags() == ["sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine",
                            "vllm_service"]
+
+
+def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_every_phase():
+    """A phase tag (`<role>_<phase>`, as prometheus-community's roles tag theirs) runs one phase of one role;
+    a role's preflight carries all its phase tags, since every later phase reads what it found."""
+    for role in site_tags():
+        imports = yaml.safe_load((role_dir(role) / "tasks" / "main.yml").read_text(encoding="utf-8"))
+        phases = [task for task in imports if "ansible.builtin.import_tasks" in task]
+        role_tags = {tag for task in phases for tag in task["tags"]}
+        assert all(tag.startswith(f"{role}_") for tag in role_tags), role
+        preflight = [task for task in phases if task["ansible.builtin.import_tasks"] == "preflight.yml"]
+        assert preflight and set(preflight[0]["tags"]) == role_tags, role
+        assert all(task.get("tags") for task in phases), role
+    assert set(phase_tags()) == {tag for role in site_tags() for tag in phase_tags_of(role)}
+
+
+def phase_tags_of(role: str) -> set[str]:
+    imports = yaml.safe_load((role_dir(role) / "tasks" / "main.yml").read_text(encoding="utf-8"))
+    return {tag for task in imports for tag in task.get("tags") or []}
 
 
 @pytest.mark.parametrize("args, message", [
