@@ -205,9 +205,8 @@ def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_ev
     """A phase tag (`<role>_<phase>`, as prometheus-community's roles tag theirs) runs one phase of one role;
     a role's preflight carries all its phase tags, since every later phase reads what it found."""
     for role in site_tags():
-        imports = yaml.safe_load((role_dir(role) / "tasks" / "main.yml").read_text(encoding="utf-8"))
-        phases = [task for task in imports if "ansible.builtin.import_tasks" in task]
-        role_tags = {tag for task in phases for tag in task["tags"]}
+        phases = [task for task in role_imports(role) if "ansible.builtin.import_tasks" in task]
+        role_tags = phase_tags_of(role)
         assert all(tag.startswith(f"{role}_") for tag in role_tags), role
         preflight = [task for task in phases if task["ansible.builtin.import_tasks"] == "preflight.yml"]
         assert preflight and set(preflight[0]["tags"]) == role_tags, role
@@ -215,9 +214,12 @@ def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_ev
     assert set(phase_tags()) == {tag for role in site_tags() for tag in phase_tags_of(role)}
 
 
+def role_imports(role: str) -> list[dict]:
+    return yaml.safe_load((role_dir(role) / "tasks" / "main.yml").read_text(encoding="utf-8"))
+
+
 def phase_tags_of(role: str) -> set[str]:
-    imports = yaml.safe_load((role_dir(role) / "tasks" / "main.yml").read_text(encoding="utf-8"))
-    return {tag for task in imports for tag in task.get("tags") or []}
+    return {tag for task in role_imports(role) for tag in task.get("tags") or []}
 
 
 @pytest.mark.parametrize("args, message", [
