@@ -45,7 +45,7 @@ MODPROBE_TEMPLATE = "blacklist-nouveau.conf.j2"
 # [Service] settings checked on their own (not as a `systemctl show` property of the same name)
 CHECKED_APART = {"Environment", "EnvironmentFile", "ExecStart", "ExecStartPost"}
 # settings in seconds that `systemctl show` reports under another name, as a time span
-TIME_SPANS = {"TimeoutStartSec": "TimeoutStartUSec", "RestartSec": "RestartUSec"}
+TIME_SPANS = {"TimeoutStartSec": "TimeoutStartUSec", "TimeoutStopSec": "TimeoutStopUSec", "RestartSec": "RestartUSec"}
 
 
 @dataclass

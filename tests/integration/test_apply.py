@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from benchmarks.h200.drain import completion
 from provisioner.apply import apply_spec
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
@@ -150,6 +152,22 @@ def test_apply_converges_then_second_apply_changes_nothing(one):
     assert "sk-test-secret" not in host.ssh(f"systemctl cat {unit}; ps -eo args").stdout
     hardening = host.ssh(f"systemctl show {unit} -p NoNewPrivileges -p ProtectSystem -p PrivateTmp -p Restart").stdout
     assert set(hardening.split()) == {"NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "Restart=on-failure"}
+
+
+def test_a_restart_lets_the_request_in_flight_finish(one):
+    """The role sets vLLM's --shutdown-timeout (vLLM's own default, 0, aborts every stream in flight:
+    tests/fixtures/vllm/h200-drain): a stream in flight when its unit restarts gets all its tokens."""
+    host, start, outcomes = one["host"], time.monotonic(), []
+    stream = threading.Thread(target=lambda: outcomes.append(
+        completion(8001, 4000, start, host=host.address, model=MODEL)))  # 4000 tokens at 1 ms each
+    stream.start()
+    time.sleep(1)
+    host.ssh("systemctl restart vllm-reranker.service")
+    stream.join(timeout=60)
+    (outcome,) = outcomes
+    assert (outcome["status"], outcome["error"], outcome["done"]) == (200, None, True)
+    assert (outcome["finish_reason"], outcome["chunks"]) == ("length", 4000)
+    assert host.ssh("systemctl show -p TimeoutStopUSec vllm-reranker.service").stdout.strip() == "TimeoutStopUSec=1min"
 
 
 def test_invalid_spec_touches_no_host(one):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.lab.rootfs import cache_dir
+from tests.lab.rootfs import cache_dir, cache_lock
 
 VLLM_VERSION = "0.25.0"
 TOKENIZER_WORDS = 2000
@@ -29,18 +29,21 @@ def ensure_bench_vllm() -> Path:
     """The venv (its folder) holding the real vLLM; built once."""
     venv = cache_dir() / f"bench-vllm-{VLLM_VERSION}"
     done = venv / ".complete"
-    if not done.exists():
-        # Debian's own Python: the test hosts (bookworm) run the venv with theirs, at the same path
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check",
-                        f"vllm=={VLLM_VERSION}"], check=True)
-        done.write_text("")
+    with cache_lock(venv.name):
+        if not done.exists():
+            # Debian's own Python: the test hosts (bookworm) run the venv with theirs, at the same path
+            subprocess.run(["/usr/bin/python3", "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run([str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check",
+                            f"vllm=={VLLM_VERSION}"], check=True)
+            done.write_text("")
     return venv.resolve()  # the path its scripts' #! lines name: hosts see it there
 
 
 def ensure_tokenizer(venv: Path) -> Path:
     """A word-level tokenizer folder (w0 … w1999), made with the venv's transformers."""
     folder = cache_dir() / "bench-tokenizer"
-    if not (folder / "tokenizer.json").exists():
-        subprocess.run([str(venv / "bin/python"), "-c", MAKE_TOKENIZER, str(folder), str(TOKENIZER_WORDS)], check=True)
+    with cache_lock(folder.name):
+        if not (folder / "tokenizer.json").exists():
+            subprocess.run([str(venv / "bin/python"), "-c", MAKE_TOKENIZER, str(folder), str(TOKENIZER_WORDS)],
+                           check=True)
     return folder

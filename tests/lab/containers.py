@@ -30,7 +30,7 @@ import yaml
 from provisioner.paths import role_dir
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.lab.hosts import HostKind, TestHost
-from tests.lab.rootfs import PACKAGES, cache_dir, mmdebstrap
+from tests.lab.rootfs import PACKAGES, cache_dir, cache_lock, mmdebstrap
 
 SUITE = "trixie"  # podman >= 4.4 (quadlets) and docker >= 25 (CDI devices); bookworm has 4.3.1 and 20.10
 IMAGE_NAME = "localhost/vllm-standin"
@@ -48,8 +48,13 @@ def engine_repo() -> Path:
     """The cached flat repository (debs + Packages) of the engines' packages for the trixie hosts."""
     key = hashlib.sha256("\n".join([SUITE, *PACKAGES, *engine_packages()]).encode()).hexdigest()[:16]
     repo = cache_dir() / f"engine-repo-{SUITE}-{key}"
-    if (repo / "Packages").exists():
-        return repo
+    with cache_lock(repo.name):
+        if not (repo / "Packages").exists():
+            _build_engine_repo(repo)
+    return repo
+
+
+def _build_engine_repo(repo: Path) -> None:
     tree = repo.with_name(repo.name + ".tree")
     shutil.rmtree(tree, ignore_errors=True)
     # keep what apt downloaded: the engines and all they depend on beyond the base system
@@ -64,7 +69,6 @@ def engine_repo() -> Path:
     (partial_repo / "Packages").write_text("\n".join(package_stanza(deb) for deb in sorted(partial_repo.glob("*.deb"))))
     shutil.rmtree(repo, ignore_errors=True)
     partial_repo.rename(repo)
-    return repo
 
 
 def package_stanza(deb: Path) -> str:
@@ -104,8 +108,13 @@ def standin_image_archive(version: str = "0.25.0") -> tuple[Path, str]:
     wheel = build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}")
     key = hashlib.sha256(b"%d\n" % IMAGE_RECIPE + wheel.read_bytes()).hexdigest()[:16]
     archive = cache_dir() / f"standin-image-{version}-{key}.tar"
-    if archive.exists():
-        return archive, reference
+    with cache_lock(archive.name):
+        if not archive.exists():
+            _build_standin_image(archive, wheel, reference)
+    return archive, reference
+
+
+def _build_standin_image(archive: Path, wheel: Path, reference: str) -> None:
     rootfs = archive.with_name(archive.name + ".rootfs.tar")
     mmdebstrap(SUITE, rootfs, "--variant=essential", "--include=python3")
     layer = _with_standin(rootfs.read_bytes(), wheel)
@@ -113,7 +122,6 @@ def standin_image_archive(version: str = "0.25.0") -> tuple[Path, str]:
     partial_archive = archive.with_name(archive.name + ".partial")
     _write_docker_archive(partial_archive, layer, reference)
     partial_archive.rename(archive)
-    return archive, reference
 
 
 def _with_standin(rootfs_tar: bytes, wheel: Path) -> bytes:
@@ -179,7 +187,6 @@ class ContainerHost(HostKind):
                         "[containers]\npids_limit = 0\n"
                         "# podman's default network, 10.88.0.0/16 with 10.88.0.1 on podman0, overlaps the lab's bridge\n"
                         "[network]\ndefault_subnet = \"10.250.0.0/16\"\n")
-        (host.root / "etc/apt/sources.list.d/debian.sources").unlink(missing_ok=True)
         (host.root / "etc/apt/sources.list.d/vp-lab.list").write_text(self.repo.sources_line())
         for store in ("containers", "docker"):
             (host.base / "storage" / store).mkdir(parents=True, exist_ok=True)

@@ -270,6 +270,14 @@ class Lab:
         )
         root = host.root
         (root / "etc/hostname").write_text(host.name + "\n")
+        # nothing outside the lab: mmdebstrap leaves this machine's mirror in the rootfs's apt sources
+        # (sources.list.d/0000<its target>.sources) and its name server in resolv.conf, neither of which a
+        # lab host can reach (an apt-get update waited minutes on them)
+        for sources in (root / "etc/apt/sources.list.d").glob("0000*.sources"):
+            sources.unlink()
+        resolv = root / "etc/resolv.conf"
+        resolv.unlink(missing_ok=True)
+        resolv.write_text("# vllm-provision lab: no name server (hosts are reached by address)\n")
         network = root / "etc/systemd/network/10-host0.network"
         network.parent.mkdir(parents=True, exist_ok=True)
         network.write_text(

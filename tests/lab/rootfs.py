@@ -12,6 +12,8 @@ which bookworm does not have (4.3.1 and 20.10). Its sources are this machine's w
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -41,6 +43,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VP_LAB_CACHE", default))
 
 
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """Held while one cached piece (`name`) is checked and built: labs side by side (CI runs two) build
+    each piece once, and never read one half-built."""
+    base = cache_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def apt_sources(suite: str = SUITE) -> str:
     """This machine's apt sources (deb822), for `suite` instead of its own."""
     return APT_SOURCES.read_text().replace(SUITE, suite)
@@ -61,11 +74,12 @@ def ensure_rootfs(suite: str = SUITE) -> tuple[Path, float, bool]:
     tarball = base / f"rootfs-{suite}-{key}.tar.zst"
     tree = base / f"rootfs-{suite}-{key}"
     built = False
-    if not tarball.exists():
-        _build_tarball(tarball, suite)
-        built = True
-    if not (tree / ".complete").exists():
-        _extract(tarball, tree)
+    with cache_lock(f"rootfs-{suite}"):
+        if not tarball.exists():
+            _build_tarball(tarball, suite)
+            built = True
+        if not (tree / ".complete").exists():
+            _extract(tarball, tree)
     return tree, time.monotonic() - started, built
 
 

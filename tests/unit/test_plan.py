@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from provisioner.paths import EXAMPLES_DIR
-from provisioner.file_formats import env_file_environment, unit_environment
+from provisioner.file_formats import env_file_environment, unit_environment, unit_settings
 from provisioner.plan import HostPlan, build_plan
 from provisioner.roles import render_role_file, role_defaults
 from provisioner.spec import load_spec, validate_spec
@@ -44,11 +44,32 @@ def test_unit_runs_vllm_serve_with_the_instance_config_file(seed1):
     assert (unit.config_file.path, unit.config_file.mode) == ("/etc/vllm/qwen7b.yaml", "0644")
     assert config_lines(unit) == [
         'model: "Qwen/Qwen2.5-7B-Instruct"', 'host: "127.0.0.1"', "port: 8000", "gpu-memory-utilization: 0.95",
-        "block-size: 16", 'dtype: "bfloat16"', "max-model-len: 4096", "max-num-seqs: 128",
+        "shutdown-timeout: 30", "block-size: 16", 'dtype: "bfloat16"', "max-model-len: 4096", "max-num-seqs: 128",
     ]
     assert yaml.safe_load(unit.config_file.content) == {
         "model": "Qwen/Qwen2.5-7B-Instruct", "host": "127.0.0.1", "port": 8000, "gpu-memory-utilization": 0.95,
-        "block-size": 16, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 128}
+        "shutdown-timeout": 30, "block-size": 16, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 128}
+
+
+def test_a_stop_lets_the_requests_in_flight_finish_before_it_kills():
+    """vLLM's --shutdown-timeout defaults to 0, which aborts every stream in flight on SIGTERM (recorded on
+    the H200: tests/fixtures/vllm/h200-drain): the role writes its own default, and the unit waits that
+    long plus a grace before it kills; an instance's own shutdown-timeout, 0 included, wins."""
+    def rendered(options: dict) -> tuple[dict, str]:
+        entry = {"name": "chat", "model": "m", "host": "127.0.0.1", "port": 8000, "gpu_uuids": [UUID0],
+                 "gpu_memory_utilization": 0.5, "options": options}
+        variables = {**role_defaults(), "vllm_service_instance": entry, "vllm_service_instance_index": 0,
+                     "vllm_service_instances": [entry]}
+        config = yaml.safe_load(render_role_file("vllm_service", "vllm-instance.yaml.j2", variables).content)
+        return config, render_role_file("vllm_service", "vllm-instance.service.j2", variables).content
+
+    config, unit = rendered({})
+    assert config["shutdown-timeout"] == 30
+    assert dict(unit_settings(unit, "Service"))["TimeoutStopSec"] == "60"
+    for own in (0, 120):
+        config, unit = rendered({"shutdown-timeout": own})
+        assert config["shutdown-timeout"] == own
+        assert dict(unit_settings(unit, "Service"))["TimeoutStopSec"] == str(own + 30)
 
 
 def config_lines(unit) -> list[str]:

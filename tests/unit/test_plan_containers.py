@@ -44,6 +44,9 @@ def test_podman_instance_is_a_quadlet_pinned_by_cdi_and_uuid():
     assert settings["Container"]["PublishPort"] == "10.0.0.5:8000:8000"
     assert settings["Container"]["ShmSize"] == "16G"
     assert settings["Service"]["Restart"] == "always"
+    # a stop lets the requests in flight finish (--shutdown-timeout 30), then podman kills, then systemd
+    assert yaml.safe_load(pod.config_file.content)["shutdown-timeout"] == 30
+    assert (settings["Container"]["StopTimeout"], settings["Service"]["TimeoutStopSec"]) == ("60", "70")
     assert pod.environment["CUDA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
     assert pod.environment["VLLM_LOGGING_LEVEL"] == "DEBUG"
     # the server listens on all of the container's addresses; the port is published on the instance's
@@ -61,6 +64,7 @@ def test_docker_instance_is_a_compose_project_with_a_boot_unit():
     assert service["ports"] == ["127.0.0.1:8001:8001"]
     assert service["ipc"] == "host" and "shm_size" not in service
     assert service["env_file"] == ["/etc/vllm/dock.env"]
+    assert service["stop_grace_period"] == "60s" and yaml.safe_load(dock.config_file.content)["shutdown-timeout"] == 30
     assert service["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "cdi", "device_ids": [f"nvidia.com/gpu={UUID1}"], "capabilities": ["gpu"]}]
     assert service["healthcheck"]["test"][:3] == ["CMD", "python3", "/usr/local/lib/vllm-provision/wait-ready"]
@@ -70,6 +74,7 @@ def test_docker_instance_is_a_compose_project_with_a_boot_unit():
     # shares GPU 1 with pod, which loads first; after the Docker daemon
     assert "After=vllm-pod.service" in boot.content and "Requires=docker.service" in boot.content
     assert "ExecStart=/usr/bin/docker compose --file /etc/vllm/dock.compose.yaml up --detach --wait" in boot.content
+    assert "TimeoutStopSec=70\n" in boot.content
     assert boot in plan.files
 
 

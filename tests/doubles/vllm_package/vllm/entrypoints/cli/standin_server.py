@@ -7,6 +7,11 @@ STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generati
 wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
 model load.
 
+Stopping, as real vLLM 0.25 stops (recorded on the H200: tests/fixtures/vllm/h200-drain): on SIGTERM the
+listening socket closes at once (new requests and /health: connection refused); with --shutdown-timeout
+0 (vLLM's default) every stream in flight ends at once with finish_reason "abort" and [DONE], with N > 0
+the streams in flight go on to their end, for at most N seconds (then abort); then the server exits 0.
+
 GPU memory, as real vLLM holds it (tests/fixtures/gpu/h200-processes): not by this process but by a
 child named `VLLM::EngineCore` (its comm and its argv[0]). The child declares on its own command line
 the GPUs it would use (CUDA_VISIBLE_DEVICES, else the first; --tensor-parallel-size of them) and its
@@ -47,6 +52,7 @@ def serve(options):
     first_token_s = float(os.environ.get("STANDIN_TTFT_MS", "5")) / 1000
     per_token_s = float(os.environ.get("STANDIN_TPOT_MS", "1")) / 1000
     running = threading.BoundedSemaphore(int(options.get("max_num_seqs") or 256))
+    streams = Streams()
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
@@ -100,11 +106,15 @@ def serve(options):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with running:
+            with running, streams.one():
                 time.sleep(first_token_s)
                 for index in range(tokens):
                     if index:
                         time.sleep(per_token_s)
+                    if streams.aborted.is_set():
+                        self._event({"object": "text_completion", "model": request["model"],
+                                     "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]})
+                        break
                     last = index == tokens - 1
                     self._event({"object": "text_completion", "model": request["model"],
                                  "choices": [{"index": 0, "text": " w", "logprobs": None,
@@ -121,11 +131,52 @@ def serve(options):
             pass
 
     print(f"stand-in vllm {vllm.__version__} (TEST DOUBLE) serving {', '.join(served)} on {host}:{port}", flush=True)
+    # as vLLM: SIGTERM shuts the server down (in a container it is PID 1, which ignores signals it has no
+    # handler for), also while the model "loads"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     start_engine_core(options)
-    time.sleep(float(os.environ.get("STANDIN_STARTUP_DELAY", "0")))
-    # as vLLM: SIGTERM shuts the server down (in a container it is PID 1, which ignores signals it has no handler for)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    ThreadingHTTPServer((host, port), Handler).serve_forever()
+    if stop.wait(float(os.environ.get("STANDIN_STARTUP_DELAY", "0"))):
+        sys.exit(0)
+    ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog, as vLLM's (the default 5 drops bursts)
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop.wait()
+    server.shutdown()
+    server.server_close()  # new connections are refused from here on
+    streams.drain(float(options.get("shutdown_timeout") or 0))
+    sys.exit(0)
+
+
+class Streams:
+    """The streams in flight, and the abort that ends them."""
+
+    def __init__(self):
+        self.count = 0
+        self.changed = threading.Condition()
+        self.aborted = threading.Event()
+
+    def one(self):
+        streams = self
+
+        class InFlight:
+            def __enter__(self):
+                with streams.changed:
+                    streams.count += 1
+
+            def __exit__(self, *exc):
+                with streams.changed:
+                    streams.count -= 1
+                    streams.changed.notify_all()
+
+        return InFlight()
+
+    def drain(self, timeout_s):
+        """Let the streams in flight finish for at most timeout_s, abort the rest, wait for them to end."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.count == 0, timeout=timeout_s)
+            self.aborted.set()
+            self.changed.wait_for(lambda: self.count == 0, timeout=5)
 
 
 ENGINE_CORE = """\
