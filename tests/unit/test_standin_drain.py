@@ -35,14 +35,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def standin(port: int, shutdown_timeout: int) -> subprocess.Popen:
+def standin(port: int, shutdown_timeout: int, log: Path) -> subprocess.Popen:
     """The stand-in server, started as a unit starts vLLM, 400 tokens per stream at 5 ms each (2 s)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m", "--host", "127.0.0.1", "--port", str(port),
          "--shutdown-timeout", str(shutdown_timeout)],
         env={**os.environ, "PYTHONPATH": str(STANDIN_PACKAGE), "VLLM_STANDIN_CATALOG": str(CATALOG),
              "STANDIN_TTFT_MS": "5", "STANDIN_TPOT_MS": "5"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     for _ in range(200):
         with socket.socket() as attempt:
             if attempt.connect_ex(("127.0.0.1", port)) == 0:
@@ -66,13 +66,13 @@ def test_the_recording_shows_what_the_shutdown_timeout_changes():
 
 
 @pytest.mark.parametrize("timeout", RECORDED_TIMEOUTS)
-def test_the_standin_stops_as_the_real_server_stopped(timeout):
-    port = free_port()
-    server = standin(port, shutdown_timeout=timeout)
+def test_the_standin_stops_as_the_real_server_stopped(timeout, tmp_path):
+    port, log = free_port(), tmp_path / "standin.log"
+    server = standin(port, shutdown_timeout=timeout, log=log)
     try:
-        result = round_of(port, server, whole_group=False, long_tokens=400, signal_after_s=0.5, watch_s=8)
+        result = round_of(port, server, whole_group=False, long_tokens=400, signal_after_s=0.5, watch_s=20)
     finally:
         if server.poll() is None:
             server.kill()
-    assert server.returncode == 0
-    assert behaviour(result) == behaviour(recorded(timeout, "SIGTERM to the API server"))
+    assert server.returncode == 0, log.read_text()
+    assert behaviour(result) == behaviour(recorded(timeout, "SIGTERM to the API server")), json.dumps(result)[:3000]

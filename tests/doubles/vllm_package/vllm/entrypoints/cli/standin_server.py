@@ -119,9 +119,10 @@ def serve(options):
                     self._event({"object": "text_completion", "model": request["model"],
                                  "choices": [{"index": 0, "text": " w", "logprobs": None,
                                               "finish_reason": "length" if last else None}]})
-            if (request.get("stream_options") or {}).get("include_usage"):
-                self._event({"object": "text_completion", "model": request["model"], "choices": [], "usage": usage})
-            self.wfile.write(b"data: [DONE]\n\n")
+                if (request.get("stream_options") or {}).get("include_usage"):
+                    self._event({"object": "text_completion", "model": request["model"], "choices": [], "usage": usage})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
 
         def _event(self, body):
             self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
@@ -145,7 +146,8 @@ def serve(options):
     server.shutdown()
     server.server_close()  # new connections are refused from here on
     streams.drain(float(options.get("shutdown_timeout") or 0))
-    sys.exit(0)
+    sys.stdout.flush()
+    os._exit(0)  # at once, as vLLM's own exit: no interpreter teardown waiting on the handlers' threads
 
 
 class Streams:
