@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from provisioner.addresses import is_loopback
 from provisioner.file_formats import compose_environment, env_file_environment, unit_environment
 from provisioner.gpu.topology import tensor_parallel_p2p_warnings
 from provisioner.memory_plan import GpuMemory, host_memory
 from provisioner.preflight import memory_problems
-from provisioner.remote import is_loopback
 from provisioner.roles import (
     COMPOSE_UNIT_TEMPLATE,
     CONFIG_TEMPLATE,
@@ -29,6 +28,7 @@ from provisioner.roles import (
     render_role_file,
     render_string,
 )
+from provisioner.secrets import read_api_key
 from provisioner.spec import Host, Instance, Spec
 
 
@@ -118,8 +118,8 @@ def planned_unit(index: int, variables: dict[str, Any]) -> PlannedUnit:
 def redacted_key(path: str) -> str:
     """What the plan shows instead of the API key (as Ansible's file lookup reads it: trailing whitespace off)."""
     try:
-        size = len(Path(path).read_bytes().rstrip())
-    except OSError:
+        size = len(read_api_key(path).encode())
+    except (OSError, UnicodeDecodeError):
         return f"<missing: {path}>"
     return f"<redacted: {size} bytes from {path}>"
 

@@ -7,12 +7,12 @@ Commands are shell text run by bash on the host; secrets travel on stdin, never 
 
 from __future__ import annotations
 
-import ipaddress
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner.addresses import is_loopback
 from provisioner.hostkeys import Endpoint, explain_refusal, ssh_options, trust_command
 from provisioner.spec import Host
 
@@ -49,14 +49,6 @@ def connection_options(connection: Connection) -> list[str]:
     if connection.key:
         options += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
     return options + ssh_options(connection.known_hosts)  # strict: see provisioner/hostkeys.py
-
-
-def is_loopback(address: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches."""
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 class RemoteError(RuntimeError):

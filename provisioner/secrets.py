@@ -10,7 +10,8 @@ bench) passes it through here. What counts as a secret:
     `api-key: …`, JSON `"HF_TOKEN": "…"`, Python reprs `'api_key': ['…']`;
   - credentials: `Authorization: Bearer …` (or Basic), a bare `Bearer …`, a URL's password.
 
-`redact_argv` works on a split command line word by word; `redact` on any text (it finds the secret
+`read_api_key` reads an instance's key file as the roles read it. `redact_argv` works on a split command
+line word by word; `redact` on any text (it finds the secret
 values with the same rules, then replaces each wherever it occurs, whatever the quoting);
 `redact_data` on JSON-able data. A text without secrets comes back unchanged.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from functools import lru_cache
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -229,3 +231,9 @@ def _replace(text: str, values: set[str]) -> str:
     for value in sorted(values, key=len, reverse=True):
         text = re.sub(BOUNDED.format(re.escape(value)), REDACTED, text)
     return text
+
+
+def read_api_key(path: str | Path) -> str:
+    """An API key file's key as Ansible's file lookup reads it (UTF-8, trailing whitespace off), which is
+    what the roles write into an env file and a health check. Raises OSError or UnicodeDecodeError."""
+    return Path(path).expanduser().read_bytes().decode("utf-8").rstrip()

@@ -36,7 +36,7 @@ from provisioner.roles import (
     role_defaults,
     role_vars,
 )
-from provisioner.secrets import redact_environment, shown_command
+from provisioner.secrets import read_api_key, redact_environment, shown_command
 from provisioner.spec import Host, Instance, Spec
 from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
 
@@ -228,7 +228,7 @@ def env_file_sha256(variables: dict[str, Any], entry: dict[str, Any]) -> str:
     unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": ""}
     if entry.get("api_key_file"):
         # as Ansible's file lookup reads it: trailing whitespace off
-        unit_variables["vllm_service_api_key"] = Path(entry["api_key_file"]).read_text(encoding="utf-8").rstrip()
+        unit_variables["vllm_service_api_key"] = read_api_key(entry["api_key_file"])
     content = render_role_file("vllm_service", ENV_TEMPLATE, unit_variables).content
     return hashlib.sha256(content.encode()).hexdigest()
 

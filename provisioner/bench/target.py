@@ -13,6 +13,7 @@ from provisioner.vllm.serve_args import serving_expectations
 from provisioner.bench.command import Endpoint
 from provisioner.plan import PlannedUnit, host_plan
 from provisioner.remote import HostShell
+from provisioner.secrets import read_api_key
 from provisioner.spec import Instance, Spec
 
 
@@ -49,7 +50,7 @@ def bench_target(spec: Spec, instance_name: str, vllm: str | None = None) -> Ben
     config = yaml.safe_load(planned.config_file.content)
     serving = serving_expectations(["vllm", "serve"], config)
     venv_bin = f"{host.vllm.install_path}/venv/bin"
-    api_key = Path(instance.api_key_file).read_text(encoding="utf-8").rstrip() if instance.api_key_file else None
+    api_key = read_api_key(instance.api_key_file) if instance.api_key_file else None
     return BenchTarget(
         instance=instance,
         shell=HostShell.for_host(host, spec.source_path),

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from provisioner.secrets import read_api_key
 from provisioner.spec.errors import Problem
 from provisioner.spec.messages import path_of
 from provisioner.spec.models import Host
@@ -142,7 +143,7 @@ def _api_key_problems(parts: SpecParts) -> list[Problem]:
         if not path or not Path(path).is_file() or Path(path).stat().st_size == 0:
             continue  # a missing or empty file is reported by _missing_files
         try:
-            key = Path(path).read_bytes().decode("utf-8").rstrip()  # as Ansible's file lookup reads it
+            key = read_api_key(path)
         except (OSError, UnicodeDecodeError):
             key = None
         if key is None or not API_KEY_RE.match(key):

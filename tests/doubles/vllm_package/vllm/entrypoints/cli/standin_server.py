@@ -18,6 +18,7 @@ the GPUs it would use (CUDA_VISIBLE_DEVICES, else the first; --tensor-parallel-s
 share (--gpu-memory-utilization, vLLM's default 0.9); the TEST DOUBLE nvidia-smi lists it among its
 compute processes from that (declaration: `standin-gpu=VISIBLE standin-count=N standin-share=S`).
 The child ends with this process."""
+import contextlib
 import json
 import os
 import signal
@@ -158,20 +159,17 @@ class Streams:
         self.changed = threading.Condition()
         self.aborted = threading.Event()
 
+    @contextlib.contextmanager
     def one(self):
-        streams = self
-
-        class InFlight:
-            def __enter__(self):
-                with streams.changed:
-                    streams.count += 1
-
-            def __exit__(self, *exc):
-                with streams.changed:
-                    streams.count -= 1
-                    streams.changed.notify_all()
-
-        return InFlight()
+        """Held while one stream is in flight."""
+        with self.changed:
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.count -= 1
+                self.changed.notify_all()
 
     def drain(self, timeout_s):
         """Let the streams in flight finish for at most timeout_s, abort the rest, wait for them to end."""
