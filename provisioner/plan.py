@@ -30,6 +30,7 @@ from provisioner.roles import (
 )
 from provisioner.secrets import read_api_key
 from provisioner.spec import Host, Instance, Spec
+from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ class PlannedUnit:
 
 
 @dataclass(frozen=True)
+class PlannedRoute:
+    """One route of a gateway: the URL clients use, the served name, its replicas (`name address:port`)."""
+
+    gateway: str
+    url: str
+    model: str
+    replicas: list[str]
+
+
+@dataclass(frozen=True)
 class HostPlan:
     host: str
     address: str
@@ -56,6 +67,8 @@ class HostPlan:
     units: list[PlannedUnit]
     warnings: list[str] = field(default_factory=list)
     memory: list[GpuMemory] = field(default_factory=list)  # per GPU the instances use: the memory planner's table
+    gateway_file: PlannedFile | None = None  # role gateway's haproxy.cfg, where the host runs gateways
+    routes: list[PlannedRoute] = field(default_factory=list)
 
     @property
     def memory_problems(self) -> list[str]:
@@ -67,18 +80,20 @@ class HostPlan:
         """Every file written on the host, in the order the roles write them."""
         unit_files = [file for unit in self.units
                       for file in (unit.env_file, unit.config_file, unit.unit, unit.boot_unit) if file]
-        return [self.sysctl_file, *self.nouveau_files, *unit_files]
+        return [self.sysctl_file, *self.nouveau_files, *unit_files, *([self.gateway_file] if self.gateway_file else [])]
 
 
 def build_plan(spec: Spec, hosts: Iterable[str] | None = None) -> list[HostPlan]:
     """One plan per host (only those named in `hosts`, when given), in spec order."""
     chosen = None if hosts is None else set(hosts)
-    return [host_plan(host, spec.instances_on(host.name)) for host in spec.hosts if chosen is None or host.name in chosen]
+    return [host_plan(host, spec.instances_on(host.name), spec)
+            for host in spec.hosts if chosen is None or host.name in chosen]
 
 
-def host_plan(host: Host, instances: list[Instance]) -> HostPlan:
-    """The files the roles write on `host`, with the warnings and the memory plan of its instances."""
-    plan = host_files(host, host_variables(host, instances))
+def host_plan(host: Host, instances: list[Instance], spec: Spec | None = None) -> HostPlan:
+    """The files the roles write on `host`, with the warnings and the memory plan of its instances (with
+    `spec`, also its gateways)."""
+    plan = host_files(host, host_variables(host, instances, spec))
     return replace(plan, warnings=host_warnings(host, instances), memory=host_memory(host, instances))
 
 
@@ -96,7 +111,36 @@ def host_files(host: Host, variables: dict[str, Any]) -> HostPlan:
         removed_files=[] if nouveau_enabled else [file.path for file in nouveau_files],
         fstab_line=fstab_line(variables),
         units=[planned_unit(index, variables) for index in range(len(variables["vllm_service_instances"]))],
+        gateway_file=gateway_file(variables),
+        routes=planned_routes(host, variables),
     )
+
+
+GATEWAY_TEMPLATE = "haproxy.cfg.j2"
+
+
+def gateway_file(variables: dict[str, Any], real_keys: bool = False) -> PlannedFile | None:
+    """Role gateway's haproxy.cfg (the API keys its health checks send redacted; `real_keys`: as the role
+    writes them, for the audit to compare, never to show); None without gateways."""
+    frontends = variables["gateway_frontends"]
+    if not frontends:
+        return None
+    read = read_api_key if real_keys else redacted_key
+    keys = {route["api_key_file"]: read(route["api_key_file"])
+            for frontend in frontends for route in frontend["routes"] if route["api_key_file"]}
+    return render_role_file("gateway", GATEWAY_TEMPLATE, {**variables, "gateway_api_keys": keys})
+
+
+def planned_routes(host: Host, variables: dict[str, Any]) -> list[PlannedRoute]:
+    routes = []
+    for frontend in variables["gateway_frontends"]:
+        scheme = "https" if frontend["tls_certificate"] else "http"
+        address = host.address if frontend["bind"] in ANY_ADDRESS else frontend["bind"]
+        url = f"{scheme}://{bracketed(address)}:{frontend['port']}/v1"
+        routes += [PlannedRoute(frontend["name"], url, route["model"],
+                                [f"{server['name']} {server['address']}:{server['port']}" for server in route["servers"]])
+                   for route in frontend["routes"]]
+    return routes
 
 
 def planned_unit(index: int, variables: dict[str, Any]) -> PlannedUnit:

@@ -18,11 +18,12 @@ from typing import Any
 import jinja2
 import yaml
 
-from provisioner.inventory import host_vars
+from provisioner.inventory import gateway_vars, host_vars
 from provisioner.paths import role_dir
-from provisioner.spec import Host, Instance
+from provisioner.spec import Host, Instance, Spec
 
-ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service")  # site.yml's order
+ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service",
+         "gateway")  # site.yml's order (gateway: its second play)
 UNIT_TEMPLATE = "vllm-instance.service.j2"
 QUADLET_TEMPLATE = "vllm-instance.container.j2"
 COMPOSE_TEMPLATE = "vllm-instance.compose.yaml.j2"
@@ -43,9 +44,10 @@ class PlannedFile:
     role: str
 
 
-def host_variables(host: Host, instances: list[Instance]) -> dict[str, Any]:
-    """What the roles read on `host`: their defaults overlaid with the host_vars the inventory generates."""
-    return {**role_defaults(), **host_vars(host, instances)}
+def host_variables(host: Host, instances: list[Instance], spec: Spec | None = None) -> dict[str, Any]:
+    """What the roles read on `host`: their defaults overlaid with the host_vars the inventory generates
+    (with `spec`, also the gateways the host runs: their replicas are instances of other hosts)."""
+    return {**role_defaults(), **host_vars(host, instances), **(gateway_vars(spec, host) if spec else {})}
 
 
 # libyaml's parser where PyYAML has it (the same safe loading, several times faster: a plan reads every

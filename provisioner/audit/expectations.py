@@ -24,7 +24,7 @@ import yaml
 from provisioner.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
 from provisioner.module_utils import systemd_dropins
 from provisioner.paths import role_dir
-from provisioner.plan import HostPlan, PlannedUnit, host_files
+from provisioner.plan import GATEWAY_TEMPLATE, HostPlan, PlannedUnit, gateway_file, host_files
 from provisioner.remote import Connection, spec_connection
 from provisioner.roles import (
     ENV_TEMPLATE,
@@ -63,11 +63,11 @@ class Target:
 def spec_targets(spec: Spec, limit: str | None = None) -> list[Target]:
     """One target per host of the spec (or only `limit`), in spec order: per host in one pass, the
     roles' variables there, the files they write, and what the suite compares."""
-    return [spec_target(host, spec.instances_on(host.name)) for host in spec.hosts if limit in (None, host.name)]
+    return [spec_target(host, spec.instances_on(host.name), spec) for host in spec.hosts if limit in (None, host.name)]
 
 
-def spec_target(host: Host, instances: list[Instance]) -> Target:
-    variables = host_variables(host, instances)
+def spec_target(host: Host, instances: list[Instance], spec: Spec | None = None) -> Target:
+    variables = host_variables(host, instances, spec)
     return Target(host.name, spec_connection(host), host_expectations(variables, host_files(host, variables)))
 
 
@@ -90,6 +90,7 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "gpu_boot_unit": gpu_boot_unit_expectations(variables) if variables["nvidia_gpu_devices"] else None,
         "vllm_install": vllm_install_expectations(variables),
         "managed_files": managed_files(variables, plan),
+        "gateway": gateway_expectations() if variables["gateway_frontends"] else None,
         "units": [
             unit_expectations(variables, unit, entry)
             for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if not entry["container"]
@@ -99,6 +100,13 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
             for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if entry["container"]
         ],
     }
+
+
+def gateway_expectations() -> dict[str, str]:
+    """Role gateway's service: the states its systemd_service task sets."""
+    task = find_task_args("gateway", "systemd_service", lambda args: "enabled" in args)
+    return {"name": task["name"], "enabled": "enabled" if task["enabled"] else "disabled",
+            "active": "active" if task["state"] == "started" else "inactive"}
 
 
 def gpu_expectations(variables: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -305,6 +313,9 @@ def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, A
                           "unit": Path(planned.unit.path).name})
         if planned.boot_unit:
             files.append(rendered_file(planned.boot_unit, COMPOSE_BOOT_TEMPLATE))
+    if variables["gateway_frontends"]:
+        # with the real API keys, as the role writes it: the row shows only line numbers and redacted lines
+        files.append(rendered_file(gateway_file(variables, real_keys=True), GATEWAY_TEMPLATE))
     return files
 
 

@@ -51,6 +51,18 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
         for key, value in redact_environment(unit.environment).items():
             environment.add_row(Text(key), Text(value))
         console.print(environment)
+    show_gateway(console, plan)
+
+
+def show_gateway(console: Console, plan: HostPlan) -> None:
+    """Each route of the host's gateways with its replicas, then the haproxy.cfg the role writes."""
+    if not plan.gateway_file:
+        return
+    routes = Table("gateway", "base URL", "model", "replicas", title="gateway routes")
+    for route in plan.routes:
+        routes.add_row(Text(route.gateway), Text(route.url), Text(route.model), Text(", ".join(route.replicas)))
+    console.print(routes)
+    show_file(console, plan.gateway_file)
 
 
 def show_memory(console: Console, plan: HostPlan) -> None:

@@ -23,6 +23,7 @@ from provisioner.spec.loading import decode_spec, parse_yaml
 from provisioner.spec.messages import gpu_label
 from provisioner.spec.models import (
     Container,
+    Gateway,
     GpuDevice,
     GpuSettings,
     Host,
@@ -36,6 +37,7 @@ from provisioner.spec.validation import load_spec, validate_spec
 
 __all__ = [
     "Container",
+    "Gateway",
     "GpuDevice",
     "GpuSettings",
     "Host",

@@ -13,6 +13,7 @@ from typing import Any
 
 from provisioner.gpu import cards
 from provisioner.spec.errors import Problem
+from provisioner.spec.gateway_checks import gateway_problems
 from provisioner.spec.messages import gpu_label, path_of
 from provisioner.spec.models import Host, Instance, is_int
 from provisioner.spec.parts import SpecParts, keyed_problems, present
@@ -51,6 +52,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     problems += _power_limit_problems(parts)
     problems += _parallel_problems(parts)
     problems += text_problems(parts, check_files=check_files)
+    problems += gateway_problems(parts, check_files=check_files)
     if check_files:
         problems += _missing_files(parts)
     return problems

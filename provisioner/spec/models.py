@@ -316,9 +316,31 @@ class Instance(_Model):
                 **self.options}
 
     @property
+    def served_names(self) -> list[str]:
+        """The names clients ask for in a request's "model" (served-model-name, else the model)."""
+        options = {key.replace("_", "-"): value for key, value in self.options.items()}
+        served = options.get("served-model-name") or self.model
+        return [str(name) for name in (served if isinstance(served, list) else [served])]
+
+    @property
     def serve_env(self) -> dict[str, str]:
         """The environment the instance runs with: its profile's, overridden by its own env."""
         return {**profile_env(self.profile), **self.env}
+
+
+class Gateway(_Model):
+    """An HAProxy on one of the spec's hosts: one base URL, a route per served model to its replicas."""
+
+    name: Name = Field(description="unique across the spec; names the HAProxy frontend and its routes")
+    host: str = Field(description="name of the host it runs on (a hosts[].name)")
+    port: int = Field(8080, ge=1, le=65535, description="port clients connect to")
+    bind: Address = Field("0.0.0.0", description="address to listen on")
+    tls_certificate: SpecPath | None = Field(
+        None, description="PEM file on this machine with the certificate and its key (HAProxy's `ssl crt`); "
+                          "null: plain HTTP")
+    models: list[str] | None = Field(
+        None, description="served names to route (each: the instances serving it are its replicas); "
+                          "null: every served name in the spec")
 
 
 class Spec(_Model):
@@ -327,6 +349,7 @@ class Spec(_Model):
     version: Literal[1] = Field(description="spec format version: 1")
     hosts: list[Host] = Field(min_length=1, description="the GPU servers, at least one")
     instances: list[Instance] = Field(default_factory=list, description="the vLLM servers to run on them")
+    gateways: list[Gateway] = Field(default_factory=list, description="HAProxy gateways in front of the instances")
 
     _source_path: Path | None = PrivateAttr(default=None)
 
@@ -340,3 +363,6 @@ class Spec(_Model):
 
     def instances_on(self, host_name: str) -> list[Instance]:
         return [instance for instance in self.instances if instance.host == host_name]
+
+    def gateways_on(self, host_name: str) -> list[Gateway]:
+        return [gateway for gateway in self.gateways if gateway.host == host_name]

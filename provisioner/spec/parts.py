@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from provisioner.spec.errors import Problem
 from provisioner.spec.messages import path_of
-from provisioner.spec.models import Host, Instance
+from provisioner.spec.models import Gateway, Host, Instance
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -20,6 +20,7 @@ class SpecParts(NamedTuple):
     hosts: list[Host | None]
     instances: list[Instance | None]
     host_names: list[str] | None  # names declared, also by hosts that failed pass 1; None: no list of hosts
+    gateways: list[Gateway | None] = []
 
 
 def salvage(data: dict, context: dict) -> SpecParts:
@@ -33,7 +34,8 @@ def salvage(data: dict, context: dict) -> SpecParts:
     names = None
     if isinstance(raw_hosts, list):
         names = [item["name"] for item in raw_hosts if isinstance(item, dict) and isinstance(item.get("name"), str)]
-    return SpecParts(each(raw_hosts, Host), each(data.get("instances"), Instance), names)
+    return SpecParts(each(raw_hosts, Host), each(data.get("instances"), Instance), names,
+                     each(data.get("gateways"), Gateway))
 
 
 def _validated_or_none(model: type[_M], item: Any, context: dict) -> _M | None:

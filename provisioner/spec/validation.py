@@ -46,7 +46,8 @@ def validate_spec(data: Any, base_dir: str | Path = ".", check_files: bool = Tru
         parts = salvage(data, context)
     else:
         problems = []
-        parts = SpecParts(list(spec.hosts), list(spec.instances), [host.name for host in spec.hosts])
+        parts = SpecParts(list(spec.hosts), list(spec.instances), [host.name for host in spec.hosts],
+                          list(spec.gateways))
     problems += consistency_problems(parts, check_files=check_files)
     if problems:
         raise SpecError(sorted(problems, key=spec_order))

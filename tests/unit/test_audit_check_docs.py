@@ -105,6 +105,12 @@ def no_nouveau_blacklist_spec() -> dict:
     return spec_data(hosts=[host(settings={"nouveau_blacklist": False})])
 
 
+def gateway_spec() -> dict:
+    """A gateway in front of the instance (role gateway's checks)."""
+    return {**spec_data(instances=[instance("chat", 8000, bind="0.0.0.0")]),
+            "gateways": [{"name": "public", "host": "ws4070", "port": 8080}]}
+
+
 # what discovery returns for a server with a vLLM unit, a vLLM container, a vLLM started from a shell
 # (a bare process) and two GPUs, the bare process holding memory on GPU 0
 BARE_ARGV = ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--host", "0.0.0.0"]
@@ -131,7 +137,8 @@ def samples() -> dict[str, list[dict]]:
     mode of the recommended profile over a discovered server. A new check whose cases need something
     these lack: add it here (a spec, or what discovery finds)."""
     specs = [load_spec(path) for path in sorted(EXAMPLES_DIR.glob("*.yml"))]
-    specs += [validate_spec(data, check_files=False) for data in (containers_spec(), no_nouveau_blacklist_spec())]
+    specs += [validate_spec(data, check_files=False) for data in (containers_spec(), no_nouveau_blacklist_spec(),
+                                                                         gateway_spec())]
     return {
         "spec": [target.expected for spec in specs for target in spec_targets(spec)],
         "profile": [profile_expectations(load_profile("recommended"), DISCOVERED)],

@@ -198,7 +198,7 @@ def test_controls_become_ansible_playbook_options():
 
 def test_the_tags_are_the_site_playbooks_role_tags():
     assert site_tags() == ["sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine",
-                           "vllm_service"]
+                           "vllm_service", "gateway"]
 
 
 def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_every_phase():
@@ -336,8 +336,8 @@ def test_plan_json_is_the_whole_plan_with_secrets_redacted():
     plan = json.loads(result.output)
     assert sorted(plan) == ["hosts", "problems", "spec"] and plan["problems"] == []
     (ws3090,) = plan["hosts"]
-    assert sorted(ws3090) == ["address", "fstab_line", "host", "memory", "memory_problems", "nouveau_files",
-                              "removed_files", "sysctl_file", "sysctls", "units", "warnings"]
+    assert sorted(ws3090) == ["address", "fstab_line", "gateway_file", "host", "memory", "memory_problems",
+                              "nouveau_files", "removed_files", "routes", "sysctl_file", "sysctls", "units", "warnings"]
     assert ws3090["sysctls"]["vm.swappiness"] == 1
     unit = ws3090["units"][0]
     assert unit["unit"]["path"] == "/etc/systemd/system/vllm-qwen7b.service"

@@ -115,6 +115,7 @@ class HostFacts:
     gpu: GpuFacts | None = None  # read when GPUs are expected
     gpu_problem: str | None = None  # why they could not be read
     gpu_boot_unit: dict[str, str] | None = None  # `systemctl show` of the nvidia_gpu role's boot unit
+    gateway: dict[str, str] | None = None  # `systemctl show` of role gateway's haproxy.service
     vllm_version: Output | None = None  # the venv's vLLM version (VLLM_VERSION's output and exit status)
     # each managed file (expected["managed_files"]) by path: ((mode, owner:group), its content); None: absent
     managed_files: dict[str, tuple[tuple[str, str], str] | None] = field(default_factory=dict)
@@ -179,6 +180,9 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     if expected.get("gpu_boot_unit"):
         commands["gpu_boot_unit"] = (f"systemctl show {shlex.quote(expected['gpu_boot_unit']['name'])}"
                                      f" --property={','.join(BOOT_UNIT_STATE)}")
+    if expected.get("gateway"):
+        commands["gateway"] = (f"systemctl show {shlex.quote(expected['gateway']['name'])}"
+                               " --property=LoadState,UnitFileState,ActiveState")
     if expected.get("vllm_install"):
         python = shlex.quote(f"{expected['vllm_install']['venv']}/bin/python")
         commands["vllm_version"] = f"[ -x {python} ] || {{ echo no {python}; exit 4; }}; {python} -c {shlex.quote(VLLM_VERSION)}"
@@ -289,6 +293,8 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         facts.gpu, facts.gpu_problem = parse_gpu(out["gpu"], expected["gpu"]["nvidia_smi"])
     if "gpu_boot_unit" in out:
         facts.gpu_boot_unit = dict(line.split("=", 1) for line in out["gpu_boot_unit"].text.splitlines() if "=" in line)
+    if "gateway" in out:
+        facts.gateway = dict(line.split("=", 1) for line in out["gateway"].text.splitlines() if "=" in line)
     facts.vllm_version = out.get("vllm_version")
     for index, managed in enumerate(expected.get("managed_files", [])):
         facts.managed_files[managed["path"]] = managed_file(out[f"managed{index}"])
