@@ -7,15 +7,23 @@ Ansible finds the user's configuration the usual way ($ANSIBLE_CONFIG, ./ansible
   variables ansible-runner and our output need are set in apply.py).
 - PREFERRED: our defaults, applied only where the user's configuration (file or ANSIBLE_* variable)
   does not set the setting; which one does is read with Ansible's own ConfigManager.
+- Mitogen's linear strategy (STRATEGY), where the user names no strategy: Ansible's own linear order,
+  with one Python interpreter per host that runs every module instead of one per task (a no-change
+  apply of one host takes about half the time; benchmarks/structure_costs.py measures it).
 - A user ssh_args that sets a host-key option is refused: ssh takes the first value it sees, and
   ssh_args comes before the options that make ssh check the spec's known_hosts.
+
+The configuration is read once per process and folder (reading it loads Ansible's config definitions).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from provisioner.hostkeys import ssh_options
@@ -42,9 +50,15 @@ PREFERRED = (
     Preferred("ANSIBLE_PIPELINING", "True", ("ANSIBLE_PIPELINING", "connection/ssh/pipelining")),
     Preferred("ANSIBLE_SSH_ARGS", "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15",
               ("connection/ssh/ssh_args",)),
-    Preferred("ANSIBLE_PYTHON_INTERPRETER", "auto_silent", ("INTERPRETER_PYTHON",)),
+    # a Debian-family host's python3 (what the collection supports): no discovery round trip per host
+    Preferred("ANSIBLE_PYTHON_INTERPRETER", "/usr/bin/python3", ("INTERPRETER_PYTHON",)),
     Preferred("ANSIBLE_RETRY_FILES_ENABLED", "False", ("RETRY_FILES_ENABLED",)),
 )
+
+# Mitogen's strategy, found in its installed package (a dependency); the user's strategy plugin folders
+# stay on the path after it
+STRATEGY = "mitogen_linear"
+STRATEGY_SETTINGS = ("DEFAULT_STRATEGY", "DEFAULT_STRATEGY_PLUGIN_PATH")
 
 HOST_KEY_OPTIONS = {option.split()[0].lower() for option in ssh_options("x")} | {"knownhostscommand", "hostkeyalias"}
 
@@ -64,8 +78,14 @@ class Setting:
 
 
 def _manager():
-    """A fresh ConfigManager (it reads the configuration as ansible-playbook started here would),
-    with the ssh connection plugin's settings known to it."""
+    """The ConfigManager ansible-playbook started here would read its configuration with (the ssh
+    connection plugin's settings known to it): one per folder and set of ANSIBLE_* variables."""
+    ansible_variables = tuple(sorted((key, value) for key, value in os.environ.items() if key.startswith("ANSIBLE_")))
+    return _cached_manager(os.getcwd(), ansible_variables)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_manager(folder: str, ansible_variables: tuple):
     from ansible import constants  # Ansible only here: the other commands run where it is not installed
     from ansible.config.manager import ConfigManager
     from ansible.plugins.loader import connection_loader
@@ -120,7 +140,30 @@ def ansible_environment() -> dict[str, str]:
             "against the spec's known_hosts itself — remove the host-key options from ssh_args (keep the others)")
     environment = {preferred.env: preferred.value for preferred in PREFERRED
                    if not any(settings[name].user_set for name in preferred.settings)}
-    return {**environment, **MUST_WIN}
+    return {**environment, **strategy_environment(), **MUST_WIN}
+
+
+def mitogen_strategy_dir() -> Path | None:
+    """The folder of Mitogen's strategy plugins, or None where Mitogen is not installed."""
+    spec = importlib.util.find_spec("ansible_mitogen")
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent / "plugins" / "strategy"
+    return folder if (folder / f"{STRATEGY}.py").is_file() else None
+
+
+def strategy_environment() -> dict[str, str]:
+    """ANSIBLE_STRATEGY and ANSIBLE_STRATEGY_PLUGINS for Mitogen's strategy, unless the user names a
+    strategy (theirs is kept, `linear` included) or Mitogen is missing."""
+    settings = read_settings(set(STRATEGY_SETTINGS))
+    folder = mitogen_strategy_dir()
+    if settings["DEFAULT_STRATEGY"].user_set or folder is None:
+        return {}
+    plugin_path = settings["DEFAULT_STRATEGY_PLUGIN_PATH"]
+    theirs = plugin_path.value or [] if plugin_path.user_set else []
+    theirs = theirs if isinstance(theirs, list) else str(theirs).split(os.pathsep)
+    return {"ANSIBLE_STRATEGY": STRATEGY,
+            "ANSIBLE_STRATEGY_PLUGINS": os.pathsep.join([str(folder), *(str(path) for path in theirs)])}
 
 
 def collections_paths() -> list[str]:

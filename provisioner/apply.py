@@ -8,6 +8,7 @@ events; we turn them into `TaskResult`s (live progress) and `HostStats`
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shlex
@@ -117,6 +118,7 @@ class Controls:
         return options
 
 
+@functools.cache
 def site_tags() -> list[str]:
     """The tags of the site playbook's roles (playbooks/site.yml), in play order."""
     tags: list[str] = []
@@ -126,6 +128,7 @@ def site_tags() -> list[str]:
     return tags
 
 
+@functools.cache
 def phase_tags() -> list[str]:
     """The tags of the roles' phases (sysctl_preflight, vllm_service_configure, ...: the tags on the
     imports of each site role's tasks/main.yml), in play order."""

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from provisioner.ansible_config import ansible_environment
+from provisioner.ansible_config import ansible_environment, mitogen_strategy_dir
 from provisioner.apply import Controls, phase_tags, site_tags, split_tags
 from provisioner.cli.main import app
 from provisioner.inventory import write_inventory
@@ -291,6 +291,29 @@ def test_the_users_ansible_cfg_is_kept_but_host_key_checking_stays_on(tmp_path, 
         "DEFAULT_FORKS": 3, "DEFAULT_TIMEOUT": 42, "HOST_KEY_CHECKING": True,
         "connection/ssh/host_key_checking": True, "connection/ssh/pipelining": True,
         "connection/ssh/ssh_args": "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15"}
+
+
+def test_mitogens_strategy_runs_the_apply_where_the_user_names_none(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in [key for key in os.environ if key.startswith("ANSIBLE_")]:
+        monkeypatch.delenv(name)
+    environment = ansible_environment()
+    assert environment["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert effective(["DEFAULT_STRATEGY", "DEFAULT_STRATEGY_PLUGIN_PATH"], tmp_path, environment) == {
+        "DEFAULT_STRATEGY": "mitogen_linear", "DEFAULT_STRATEGY_PLUGIN_PATH": [str(mitogen_strategy_dir())]}
+    assert (mitogen_strategy_dir() / "mitogen_linear.py").is_file()
+
+
+def test_a_users_strategy_is_theirs_and_their_strategy_plugins_stay_on_the_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in [key for key in os.environ if key.startswith("ANSIBLE_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nstrategy = linear\n")
+    assert "ANSIBLE_STRATEGY" not in ansible_environment()  # linear, as they chose
+    (tmp_path / "ansible.cfg").unlink()
+    monkeypatch.setenv("ANSIBLE_STRATEGY_PLUGINS", f"{tmp_path}/mine")
+    environment = ansible_environment()
+    assert environment["ANSIBLE_STRATEGY_PLUGINS"] == f"{mitogen_strategy_dir()}:{tmp_path}/mine"
 
 
 def test_a_users_environment_counts_as_their_configuration(tmp_path, monkeypatch):
