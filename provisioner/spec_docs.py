@@ -98,11 +98,13 @@ def reference_markdown() -> str:
         SPEC_EXAMPLE.read_text(encoding="utf-8").rstrip("\n"),
         "```",
         "",
+        *_DEFAULTS_AND_GROUPS,
         "## Every field",
         "",
         "`[]` marks a list item: `hosts[].ssh.port` is `port` under `ssh` of each host.",
     ]
-    for path, model, properties, required in _models(schema, schema, ""):
+    places = _table_places(schema, schema)
+    for path, model, properties, required in _models(schema, places):
         lines += ["", f"### `{path or 'the file'}`", ""]
         if model.get("description") and path:
             lines += [_prose(model["description"]), ""]
@@ -111,7 +113,7 @@ def reference_markdown() -> str:
             full = f"{path}.{name}" if path else name
             lines.append("| " + " | ".join([
                 f"`{full}`",
-                _cell(_type(field, schema, full)),
+                _cell(_type(field, places)),
                 _cell(_default(field, name in required, schema)),
                 _cell(_constraints(field)),
                 _prose(field.get("description") or _referenced(field, schema).get("description", "")),
@@ -119,42 +121,77 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _models(model: dict, root: dict, path: str):
-    """(path, model schema, properties, required) of the model at `path` and of every model below it, in order."""
-    properties = model.get("properties", {})
-    yield path, model, properties, set(model.get("required", []))
-    for name, field in properties.items():
-        found = _model_below(field, root)
-        if found:
-            child, is_list = found
-            yield from _models(child, root, f"{path}.{name}{'[]' if is_list else ''}".lstrip("."))
+_DEFAULTS_AND_GROUPS = [
+    "## Defaults and groups",
+    "",
+    "Values many hosts share are written once. `defaults:` applies to every host; an entry of `groups:` to the hosts "
+    "that list its name in their `groups:`. A host takes the defaults, then each group it lists, in the order it "
+    "lists them, then its own values. Merging is per field: a host that sets `settings.shm_size` keeps the "
+    "`settings.sysctls` it takes, and `sysctls` merge key by key (a host gives a key it takes a value of its own; "
+    "it cannot remove it). A host may list a group that has no entry: membership only (an inventory group, a HOST "
+    "argument). An entry no host lists is refused: its values would reach no host, usually a typo.",
+    "",
+    "Defaults and groups may set `ssh`, `settings`, `vllm` and the rules of `gpus` (`expected_count`, "
+    "`persistence_mode`, `memory_share_limit`), each field optional; not `name`, `address`, `groups` nor "
+    "`gpus.devices`. Devices stay per host: every GPU has its own UUID, by which instances are pinned and which the "
+    "audit checks, so a list shared by several hosts would be wrong on all of them but one (`provision facts` prints "
+    "each host's own list). Identical servers share `expected_count` instead, which the audit checks as well.",
+    "",
+    "Hosts are resolved when the spec is read: `plan`, the inventory, `apply` and the audit see each host with every "
+    "value it takes. A problem with a value is reported where the value is written (`groups[1].settings.shm_size`), "
+    "once, however many hosts take it. The inventory keeps each host's values in `host_vars/<host>.yml` and makes "
+    "each group an inventory group (a child of `vllm_hosts`: `--limit rack_a`), with no `group_vars/<group>.yml`: "
+    "Ansible ranks groups of one level by name (or `ansible_group_priority`), not in the order a host lists them, "
+    "and replaces a mapping such as `sysctl_settings` whole, so group_vars would give a host in two groups other "
+    "values than the spec does; `plan` and the audit read the very variables the roles get.",
+    "",
+]
 
 
-def _model_below(field: dict, root: dict) -> tuple[dict, bool] | None:
+def _table_places(model: dict, root: dict, path: str = "", places: dict[str, str] | None = None) -> dict[str, str]:
+    """Where each model's table is: the path it is first met at, in order (a model met again, as defaults.ssh
+    holds the fields of hosts[].ssh, points there)."""
+    places = {} if places is None else places
+    for name, field in model.get("properties", {}).items():
+        below = _ref_below(field)
+        if below and below[0] not in places:
+            ref, is_list = below
+            places[ref] = f"{path}.{name}{'[]' if is_list else ''}".lstrip(".")
+            _table_places(_deref(ref, root), root, places[ref], places)
+    return places
+
+
+def _models(root: dict, places: dict[str, str]):
+    """(path, model schema, properties, required) of the file and of each model, where its table is."""
+    for path, model in [("", root), *((path, _deref(ref, root)) for ref, path in places.items())]:
+        yield path, model, model.get("properties", {}), set(model.get("required", []))
+
+
+def _ref_below(field: dict) -> tuple[str, bool] | None:
     """The model a field holds (directly, or null allowed) or lists, and whether it lists it."""
     for option in field.get("anyOf", [field]):
         if "$ref" in option:
-            return _deref(option, root), False
+            return option["$ref"], False
         items = option.get("items", {})
         if "$ref" in items:
-            return _deref(items, root), True
+            return items["$ref"], True
     return None
 
 
-def _deref(schema: dict, root: dict) -> dict:
-    return root["$defs"][schema["$ref"].removeprefix("#/$defs/")]
+def _deref(ref: str, root: dict) -> dict:
+    return root["$defs"][ref.removeprefix("#/$defs/")]
 
 
 def _referenced(field: dict, root: dict) -> dict:
-    found = _model_below(field, root)
-    return found[0] if found and not found[1] else {}
+    below = _ref_below(field)
+    return _deref(below[0], root) if below and not below[1] else {}
 
 
-def _type(field: dict, root: dict, path: str) -> str:
+def _type(field: dict, places: dict[str, str]) -> str:
     if "anyOf" in field:
-        return " or ".join(_type(option, root, path) for option in field["anyOf"])
+        return " or ".join(_type(option, places) for option in field["anyOf"])
     if "$ref" in field:
-        return f"mapping (`{path}`)"
+        return f"mapping (`{places[field['$ref']]}`)"
     if "const" in field:
         return json.dumps(field["const"])
     if "enum" in field:
@@ -162,10 +199,10 @@ def _type(field: dict, root: dict, path: str) -> str:
     kind = field.get("type")
     if kind == "array":
         items = field.get("items", {})
-        return f"list of {_type(items, root, path + '[]') if items else 'values'}"
+        return f"list of {_type(items, places) if items else 'values'}"
     if kind == "object":
         values = field.get("additionalProperties")
-        return f"mapping of string to {_type(values, root, path)}" if isinstance(values, dict) else "mapping"
+        return f"mapping of string to {_type(values, places)}" if isinstance(values, dict) else "mapping"
     return kind or "any value"
 
 

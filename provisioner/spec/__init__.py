@@ -10,11 +10,14 @@ Two passes:
 2. consistency: checks across hosts and instances (names, ports, GPU references,
    memory shares, options, files on disk).
 The second pass also runs on the hosts and instances that passed the first one
-when others did not, so one run reports as much as it can.
+when others did not, so one run reports as much as it can. Before both, each host
+is resolved from `defaults:` and the `groups:` it lists (host_groups), and a
+problem with a value a host took is reported where the value is written.
 
 The modules, from the bottom up: `errors` (Problem, SpecError) and `wording` (values in messages);
 `models` (the pydantic models: pass 1); `loading` (text → data: UTF-8, strict YAML, bounded
-aliases); `messages` (pass 1's errors rephrased, paths, order); `parts` (what passed pass 1);
+aliases); `messages` (pass 1's errors rephrased, paths, order); `host_groups` (hosts resolved
+from defaults and groups, problems moved where a value is written); `parts` (what passed pass 1);
 `text_checks` and `cross_checks` (pass 2); `validation` (`load_spec`, `validate_spec`).
 """
 

@@ -14,6 +14,7 @@ from typing import Any
 from provisioner.gpu import cards
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems
+from provisioner.spec.gateways import GATEWAY_GROUP
 from provisioner.spec.messages import gpu_label, path_of
 from provisioner.spec.models import Host, Instance, is_int
 from provisioner.spec.parts import SpecParts, keyed_problems, present
@@ -30,6 +31,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     problems: list[Problem] = []
     problems += _duplicate_hosts(parts.hosts)
     problems += _group_problems(parts)
+    problems += _group_entry_problems(parts)
     problems += _duplicate_gpu_uuids(parts.hosts)
     for index, host in present(parts.hosts):
         problems += _host_problems(index, host)
@@ -86,23 +88,61 @@ def _duplicate_hosts(hosts: list[Host | None]) -> list[Problem]:
 
 
 def _group_problems(parts: SpecParts) -> list[Problem]:
-    """A group may not be named like a host or a group Ansible or our playbook owns, nor listed twice."""
+    """The groups hosts list: each once, each name fit for a group; a name with an entry under `groups:` is
+    checked there, once."""
     host_names = set(parts.host_names or [])
+    entries = {group.name for _, group in present(parts.groups)}
     problems = []
     for index, host in present(parts.hosts):
         seen: set[str] = set()
         for group_index, group in enumerate(host.groups):
             where = f"hosts[{index}].groups[{group_index}]"
-            if group in RESERVED_GROUPS:
-                problems.append(Problem(where, f"'{group}' is a group every host is in already (all, ungrouped and "
-                                               "vllm_hosts are taken) — choose another name"))
-            elif group in host_names:
-                problems.append(Problem(where, f"'{group}' is the name of a host — a group needs a name of its own "
-                                               "(HOST arguments take both)"))
-            elif group in seen:
-                problems.append(Problem(where, f"'{group}' is listed twice — list each group once"))
+            message = None if group in entries else _group_name_problem(group, host_names)
+            if message is None and group in seen:
+                message = f"'{group}' is listed twice — list each group once"
+            if message:
+                problems.append(Problem(where, message))
             seen.add(group)
     return problems
+
+
+def _group_name_problem(group: str, host_names: set[str]) -> str | None:
+    """A group may not be named like a host or a group Ansible, our playbook or our inventory owns."""
+    if group in RESERVED_GROUPS:
+        return (f"'{group}' is a group every host is in already (all, ungrouped and vllm_hosts are taken) "
+                "— choose another name")
+    if group == GATEWAY_GROUP:
+        return f"'{group}' is the group of the hosts that run a gateway (the inventory makes it) — choose another name"
+    if group in host_names:
+        return f"'{group}' is the name of a host — a group needs a name of its own (HOST arguments take both)"
+    return None
+
+
+def _group_entry_problems(parts: SpecParts) -> list[Problem]:
+    """The entries of `groups:`: each name once, fit for a group, and listed by a host."""
+    host_names = set(parts.host_names or [])
+    entries = {group.name for _, group in present(parts.groups)}
+    membership_only = [name for name in dict.fromkeys(parts.listed_groups or []) if name not in entries]
+    problems = [
+        Problem(f"groups[{index}].name", f"duplicate group name '{group.name}' (also groups[{first}]) — give each "
+                "group its own name")
+        for index, group, first, _ in _first_seen([(i, g.name, g) for i, g in present(parts.groups)])
+    ]
+    for index, group in present(parts.groups):
+        message = _group_name_problem(group.name, host_names)
+        if message is None and parts.listed_groups is not None and group.name not in parts.listed_groups:
+            message = _unlisted_group_message(group.name, membership_only)
+        if message:
+            problems.append(Problem(f"groups[{index}].name", message))
+    return problems
+
+
+def _unlisted_group_message(name: str, membership_only: list[str]) -> str:
+    """An entry no host lists: its values reach no host (a typo here or in the hosts' groups)."""
+    guess = difflib.get_close_matches(name, membership_only, n=1)
+    hint = f"did you mean '{guess[0]}' (hosts list it)? " if guess else ""
+    return (f"no host lists '{name}' in its groups, so no host takes these values — {hint}add it to the groups "
+            "of the hosts that share them, or remove the entry")
 
 
 def _duplicate_gpu_uuids(hosts: list[Host | None]) -> list[Problem]:

@@ -9,13 +9,13 @@ from pathlib import Path
 from provisioner.spec.errors import Problem
 from provisioner.addresses import is_loopback
 from provisioner.secrets import read_api_key
-from provisioner.spec.gateways import GATEWAY_GROUP, Replica, routes, served_names
+from provisioner.spec.gateways import Replica, routes, served_names
 from provisioner.spec.models import Gateway
 from provisioner.spec.parts import SpecParts, present
 
 
 def gateway_problems(parts: SpecParts, check_files: bool = True) -> list[Problem]:
-    problems = _group_problems(parts)
+    problems: list[Problem] = []
     gateways = list(present(parts.gateways))
     if not gateways:
         return problems
@@ -35,15 +35,6 @@ def gateway_problems(parts: SpecParts, check_files: bool = True) -> list[Problem
     if check_files:
         problems += _key_problems(gateways, parts)
     return problems
-
-
-def _group_problems(parts: SpecParts) -> list[Problem]:
-    return [
-        Problem(f"hosts[{index}].groups[{group_index}]", f"'{GATEWAY_GROUP}' is the group of the hosts that run a "
-                "gateway (the inventory makes it) — choose another name")
-        for index, host in present(parts.hosts)
-        for group_index, group in enumerate(host.groups) if group == GATEWAY_GROUP
-    ]
 
 
 def _host_problems(index: int, gateway: Gateway, parts: SpecParts) -> list[Problem]:

@@ -9,7 +9,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from provisioner.spec.errors import Problem
-from provisioner.spec.models import Host, Spec
+from provisioner.spec.models import GpuPolicy, GpuSettings, Host, HostDefaults, HostGroup, Spec
 from provisioner.spec.wording import show
 
 
@@ -76,10 +76,29 @@ def _unknown_key_message(loc: tuple) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return f"unknown key '{key}'"
+    if key in _PER_HOST and key in _HOST_MODEL.get(model, BaseModel).model_fields:
+        return _per_host_message(loc, key)
     allowed = list(model.model_fields)
     guess = difflib.get_close_matches(key, allowed, n=1)
     hint = f"did you mean '{guess[0]}'? " if guess else ""
     return f"unknown key '{key}' — {hint}allowed keys: {', '.join(allowed)}"
+
+
+# The fields of a host that defaults and groups may not set, and why.
+_PER_HOST = {
+    "name": "each host has its own",
+    "address": "each host has its own",
+    "groups": "each host lists its own",
+    "devices": "every GPU has its own UUID",
+}
+_HOST_MODEL = {HostDefaults: Host, HostGroup: Host, GpuPolicy: GpuSettings}  # what each shares values of
+
+
+def _per_host_message(loc: tuple, key: str) -> str:
+    """defaults.address, groups[1].gpus.devices: a host's own field set where hosts share values."""
+    who = "defaults" if loc[0] == "defaults" else "a group"
+    in_host = ".".join(str(part) for part in loc[2 if loc[0] == "groups" else 1:])
+    return f"{who} cannot set {key} ({_PER_HOST[key]}) — set it on each host: hosts[].{in_host}"
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
@@ -96,11 +115,13 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: itself, in a list, or the model of `Model | None`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     if get_origin(annotation) is list:
         return _model_in(get_args(annotation)[0])
-    return None
+    models = [model for arg in get_args(annotation) if (model := _model_in(arg))]
+    return models[0] if len(models) == 1 else None
 
 
 def spec_order(problem: Problem) -> tuple[int, int]:

@@ -211,14 +211,19 @@ class GpuDevice(_Model):
     )
 
 
-class GpuSettings(_Model):
-    """The host's GPUs and the rules for sharing them."""
+class GpuPolicy(_Model):
+    """The rules for a host's GPUs, which defaults and groups may set too (devices are per host)."""
 
     expected_count: int | None = Field(None, ge=0, description="GPUs the host must have; null: as many as devices")
     persistence_mode: bool = Field(True, description="keep the driver loaded (power limits stick, faster start)")
     memory_share_limit: float = Field(
         0.95, gt=0, le=1, description="the most the instances' gpu_memory_utilization on one GPU may add up to"
     )
+
+
+class GpuSettings(GpuPolicy):
+    """The host's GPUs and the rules for sharing them."""
+
     devices: list[GpuDevice] = Field(default_factory=list, description="the GPUs, by index")
 
     @property
@@ -249,7 +254,8 @@ class Host(_Model):
     vllm: VllmSettings = Field(default_factory=VllmSettings, description="the vLLM installation the host's venv instances run")
     groups: list[GroupName] = Field(
         default_factory=list, description="inventory groups the host belongs to (besides vllm_hosts), e.g. [rack_a]; "
-        "HOST arguments of plan/apply/audit accept them")
+        "HOST arguments of plan/apply/audit accept them; the host takes the values of those with an entry under "
+        "groups:, in this order, over defaults and under its own")
 
     def device(self, index: int) -> GpuDevice | None:
         return next((device for device in self.gpus.devices if device.index == index), None)
@@ -263,6 +269,36 @@ class Host(_Model):
             return ref
         device = self.device(ref)
         return device.uuid if device else None
+
+
+# What defaults and groups may set: a host's fields but name, address, groups and gpus.devices, each optional.
+SharedSsh = Annotated[Ssh | None, Field(description="any fields of hosts[].ssh; null: none")]
+SharedSettings = Annotated[HostSettings | None, Field(description="any fields of hosts[].settings; null: none")]
+SharedGpus = Annotated[GpuPolicy | None, Field(
+    description="any rules of hosts[].gpus; not devices: every GPU has its own UUID, each host lists its own; "
+                "null: none")]
+SharedVllm = Annotated[VllmSettings | None, Field(description="any fields of hosts[].vllm; null: none")]
+
+
+class HostDefaults(_Model):
+    """Values every host takes unless one of its groups or the host itself sets them; per field (a host that
+    sets settings.shm_size keeps the sysctls it takes), sysctls key by key."""
+
+    ssh: SharedSsh = None
+    settings: SharedSettings = None
+    gpus: SharedGpus = None
+    vllm: SharedVllm = None
+
+
+class HostGroup(_Model):
+    """Values shared by the hosts that list the group in their groups: over the defaults, under the host's own
+    values; a host in several groups takes them in the order it lists them."""
+
+    name: GroupName = Field(description="the group's name, as hosts[].groups lists it; an inventory group")
+    ssh: SharedSsh = None
+    settings: SharedSettings = None
+    gpus: SharedGpus = None
+    vllm: SharedVllm = None
 
 
 class Container(_Model):
@@ -350,6 +386,10 @@ class Spec(_Model):
     hosts: list[Host] = Field(min_length=1, description="the GPU servers, at least one")
     instances: list[Instance] = Field(default_factory=list, description="the vLLM servers to run on them")
     gateways: list[Gateway] = Field(default_factory=list, description="HAProxy gateways in front of the instances")
+    defaults: HostDefaults | None = Field(
+        None, description="values every host takes, under its groups' and its own; null: none")
+    groups: list[HostGroup] = Field(
+        default_factory=list, description="values shared by the hosts that list the group in their groups")
 
     _source_path: Path | None = PrivateAttr(default=None)
 

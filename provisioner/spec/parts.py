@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from provisioner.spec.errors import Problem
 from provisioner.spec.messages import path_of
-from provisioner.spec.models import Gateway, Host, Instance
+from provisioner.spec.models import Gateway, Host, HostGroup, Instance, Spec
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -21,6 +21,14 @@ class SpecParts(NamedTuple):
     instances: list[Instance | None]
     host_names: list[str] | None  # names declared, also by hosts that failed pass 1; None: no list of hosts
     gateways: list[Gateway | None] = []
+    groups: list[HostGroup | None] = []  # the entries of `groups:`
+    listed_groups: list[str] | None = None  # the groups hosts list, also hosts that failed pass 1; None: unknown
+
+
+def parts_of(spec: Spec) -> SpecParts:
+    """A spec that passed pass 1, as parts."""
+    return SpecParts(list(spec.hosts), list(spec.instances), [host.name for host in spec.hosts],
+                     list(spec.gateways), list(spec.groups), [group for host in spec.hosts for group in host.groups])
 
 
 def salvage(data: dict, context: dict) -> SpecParts:
@@ -31,11 +39,18 @@ def salvage(data: dict, context: dict) -> SpecParts:
         return [_validated_or_none(model, item, context) for item in items]
 
     raw_hosts = data.get("hosts")
-    names = None
+    names = listed = None
     if isinstance(raw_hosts, list):
         names = [item["name"] for item in raw_hosts if isinstance(item, dict) and isinstance(item.get("name"), str)]
+        listed = [group for item in raw_hosts if isinstance(item, dict) and isinstance(item.get("groups"), list)
+                  for group in item["groups"] if isinstance(group, str)]
     return SpecParts(each(raw_hosts, Host), each(data.get("instances"), Instance), names,
-                     each(data.get("gateways"), Gateway))
+                     each(data.get("gateways"), Gateway), each(data.get("groups"), HostGroup), listed)
+
+
+def without_hosts(parts: SpecParts, indexes: set[int]) -> SpecParts:
+    """The parts with the hosts at `indexes` taken out of pass 2 (as if they had failed pass 1)."""
+    return parts._replace(hosts=[None if index in indexes else host for index, host in enumerate(parts.hosts)])
 
 
 def _validated_or_none(model: type[_M], item: Any, context: dict) -> _M | None:

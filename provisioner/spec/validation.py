@@ -1,4 +1,5 @@
-"""Read a spec file and validate it: the two passes, every problem collected into one `SpecError`."""
+"""Read a spec file and validate it: the hosts resolved from defaults and groups, the two passes, every problem
+collected into one `SpecError`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pydantic import ValidationError
 
 from provisioner.spec.cross_checks import consistency_problems
 from provisioner.spec.errors import Problem, SpecError
+from provisioner.spec.host_groups import relocated, resolve_hosts
 from provisioner.spec.loading import decode_spec, parse_yaml
 from provisioner.spec.messages import shape_problems, spec_order
 from provisioner.spec.models import Spec
-from provisioner.spec.parts import SpecParts, salvage
+from provisioner.spec.parts import parts_of, salvage, without_hosts
 from provisioner.spec.wording import show
 
 
@@ -39,6 +41,9 @@ def validate_spec(data: Any, base_dir: str | Path = ".", check_files: bool = Tru
     if not isinstance(data, dict):
         raise SpecError([Problem("(spec)", f"expected a mapping at the top level, got {show(data)}")])
     context = {"base_dir": Path(base_dir)}
+    resolution = resolve_hosts(data, context)
+    if "hosts" in data:
+        data = {**data, "hosts": resolution.hosts}
     try:
         spec = Spec.model_validate(data, context=context)
     except ValidationError as error:
@@ -46,9 +51,9 @@ def validate_spec(data: Any, base_dir: str | Path = ".", check_files: bool = Tru
         parts = salvage(data, context)
     else:
         problems = []
-        parts = SpecParts(list(spec.hosts), list(spec.instances), [host.name for host in spec.hosts],
-                          list(spec.gateways))
-    problems += consistency_problems(parts, check_files=check_files)
+        parts = parts_of(spec)
+    problems += consistency_problems(without_hosts(parts, resolution.unresolved), check_files=check_files)
+    problems = relocated(problems, resolution.origins)
     if problems:
         raise SpecError(sorted(problems, key=spec_order))
     return spec

@@ -52,8 +52,10 @@ def test_the_generated_docs_are_what_the_model_generates(name):
         f"docs/{name} differs from the spec model (provisioner/spec/models.py) — regenerate it: {REGENERATE}")
 
 
-def model_field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every field of the model and of the models below it, as docs/spec.md names them (hosts[].ssh.port)."""
+def model_field_paths(model: type[BaseModel], prefix: str = "", walked: set | None = None) -> list[str]:
+    """Every field of the model and of the models below it, as docs/spec.md names them (hosts[].ssh.port); a
+    model met again is named where it was first met (defaults.ssh is a row, its fields are hosts[].ssh's)."""
+    walked = set() if walked is None else walked
     paths = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
@@ -62,7 +64,9 @@ def model_field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
         is_list = get_origin(annotation) is list
         below = [arg for arg in (get_args(annotation) or (annotation,)) if isinstance(arg, type) and issubclass(arg, BaseModel)]
         for child in below:
-            paths += model_field_paths(child, f"{path}{'[]' if is_list else ''}.")
+            if child not in walked:
+                walked.add(child)
+                paths += model_field_paths(child, f"{path}{'[]' if is_list else ''}.", walked)
     return paths
 
 
@@ -71,6 +75,8 @@ def test_spec_md_names_every_field_of_the_model_with_its_description():
     rows = {match[1]: match[0] for match in re.finditer(r"^\| `([^`]+)` \|.*$", reference, re.M)}
     paths = model_field_paths(Spec)
     assert "hosts[].gpus.devices[].power_limit" in paths and "instances[].container.engine" in paths
+    assert "groups[].gpus" in paths and "defaults.gpus.persistence_mode" in paths and "groups[].ssh.user" not in paths
+    assert "| `groups[].ssh` | mapping (`hosts[].ssh`) or null |" in reference  # its fields: at hosts[].ssh
     assert [path for path in paths if path not in rows] == [], f"fields missing from docs/spec.md — {REGENERATE}"
     undescribed = [path for path in paths if rows[path].rstrip(" |").endswith("|")]
     assert undescribed == [], "fields without a description: add Field(description=...) in provisioner/spec/models.py"
@@ -133,8 +139,9 @@ def test_the_schema_rejects_what_the_model_rejects():
 
 
 def uncommented(example: str) -> str:
-    """The example with its commented-out keys (`# profile: latency`, the `# container:` block) put in."""
-    return re.sub(r"^(\s*)# ( *[a-z_]+:(?: |$))", r"\1\2", example, flags=re.M)
+    """The example with its commented-out keys (`# profile: latency`, the `# container:` block, `# - name:` of
+    a group) put in."""
+    return re.sub(r"^(\s*)# ( *(?:- )?[a-z_]+:(?: |$))", r"\1\2", example, flags=re.M)
 
 
 def test_the_annotated_example_loads_against_the_model_and_the_schema():
@@ -149,8 +156,14 @@ def test_the_annotated_examples_commented_keys_are_valid_too():
     assert full["instances"][0]["container"]["engine"] == "podman"  # the block really was put in
     assert full["instances"][0]["profile"] == "latency"
     assert full["hosts"][0]["groups"] == ["rack_a"]
+    assert [group["name"] for group in full["groups"]] == ["rack_a"] and full["defaults"]["ssh"]["become"] is True
     spec = validate_spec(full, base_dir=SPEC_EXAMPLE.parent, check_files=False)
     assert spec.instances[0].container is not None
+    (ws3090,) = spec.hosts  # the host's own values over rack_a's over the defaults'
+    assert (ws3090.ssh.user, ws3090.ssh.become) == ("root", False)
+    assert ws3090.settings.shm_size == "16G"
+    assert ws3090.settings.sysctls == {"net.core.somaxconn": 4096, "vm.max_map_count": 262144}
+    assert (ws3090.gpus.expected_count, ws3090.vllm.version) == (1, "0.25.0")
     assert schema_errors(full) == []
 
 

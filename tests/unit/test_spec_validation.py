@@ -282,7 +282,8 @@ def test_unknown_key_lists_the_allowed_keys_and_the_closest():
 def test_unknown_top_level_key():
     data = {**spec_data(), "instance": []}
     assert problems_of(data) == [
-        "instance: unknown key 'instance' — did you mean 'instances'? allowed keys: version, hosts, instances, gateways"
+        "instance: unknown key 'instance' — did you mean 'instances'? allowed keys: version, hosts, instances, gateways, "
+        "defaults, groups"
     ]
 
 
