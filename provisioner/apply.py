@@ -26,6 +26,7 @@ from provisioner.ansible_config import ansible_environment, collections_paths
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import write_inventory
 from provisioner.preflight import check_preflight
+from provisioner.rollout import HostTurn, Rollout, Timeline
 from provisioner.spec import Host, Spec
 
 RESULT_EVENTS = {
@@ -73,6 +74,7 @@ class ApplyResult:
     stats: dict[str, HostStats] = field(default_factory=dict)
     problems: list[TaskResult] = field(default_factory=list)
     output_tail: str = ""  # Ansible's own last output lines, for errors before any task ran
+    turns: dict[str, HostTurn] = field(default_factory=dict)  # each host's batch and time window
 
     @property
     def succeeded(self) -> bool:
@@ -105,6 +107,7 @@ class Controls:
     verbosity: int = 0
     forks: int | None = None
     become_password: str | None = field(default=None, repr=False)  # sent to Ansible's prompt, never written
+    rollout: Rollout | None = None  # --rolling: batches, a canary first (provisioner/rollout.py)
 
     def options(self) -> list[str]:
         """ansible-playbook's options for these controls (the become password is not one of them)."""
@@ -115,6 +118,7 @@ class Controls:
         options += ["-" + "v" * min(self.verbosity, 6)] if self.verbosity else []
         options += [f"--forks={self.forks}"] if self.forks is not None else []
         options += ["--ask-become-pass"] if self.become_password is not None else []
+        options += ["--extra-vars", self.rollout.extra_vars()] if self.rollout is not None else []
         return options
 
 
@@ -188,6 +192,8 @@ def check_controls(controls: Controls) -> None:
                                "vllm-provision checks them against the spec's known_hosts; leave it out")
     if controls.forks is not None and controls.forks < 1:
         raise ControlError(f"--forks {controls.forks}: give 1 or more")
+    for problem in controls.rollout.problems() if controls.rollout is not None else []:
+        raise ControlError(problem)
 
 
 def _message(result: dict) -> str:
@@ -362,9 +368,11 @@ def run_playbook(
     problems: list[TaskResult] = []
     stats: dict[str, HostStats] = {}
     reader = ResultReader()
+    timeline = Timeline()
 
     def handle(event: dict) -> bool:
         nonlocal stats
+        timeline.read(event)
         if event.get("event") == "playbook_on_stats":
             stats = _stats(event)
         if on_output is not None and controls.verbosity and event.get("stdout"):
@@ -412,7 +420,7 @@ def run_playbook(
         )
         rc = runner.rc if runner.rc is not None else 1
         output_tail = "" if stats else "\n".join(runner.stdout.read().strip().splitlines()[-20:])
-    return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail)
+    return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns)
 
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:

@@ -39,7 +39,7 @@ def build_inventory(spec: Spec, inventory_dir: str | Path | None = None) -> dict
     }
     for host in spec.hosts:
         files[f"host_vars/{host.name}.yml"] = {**host_vars(host, spec.instances_on(host.name), file_name),
-                                               **gateway_vars(spec, host, file_name)}
+                                               **gateway_vars(spec, host, file_name), **rollout_vars(spec, host)}
     return files
 
 
@@ -132,7 +132,7 @@ def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_i
         "sysctl_settings": _sorted({"vm.swappiness": settings.swappiness, **settings.sysctls}),
         "nouveau_blacklist_enabled": settings.nouveau_blacklist,
         "shm_size": settings.shm_size,
-        "vllm_service_bin": f"{host.vllm.install_path}/venv/bin/vllm",
+        "vllm_service_bin": f"{host.vllm.venv}/bin/vllm",
         "vllm_service_instances": [service_instance(host, instance, file_name) for instance in instances],
         "container_engine_engines": sorted({instance.container.engine for instance in instances if instance.container}),
         "container_engine_cdi_devices": sorted({
@@ -166,15 +166,32 @@ def frontend(spec: Spec, gateway: Gateway, file_name: FileName = _as_is) -> dict
         "routes": [
             {
                 "model": model,
+                "backend": route_backend(gateway, index),
                 # the replicas share one key (the spec's checks): the health check sends it
                 "api_key_file": replicas[0].instance.api_key_file and file_name(replicas[0].instance.api_key_file),
                 "servers": [{"name": replica.instance.name,
                              "address": replica_address(replica.instance, spec.host(replica.instance.host)),
                              "port": replica.instance.port} for replica in replicas],
             }
-            for model, replicas in routes(gateway, list(spec.instances)).items()
+            for index, (model, replicas) in enumerate(routes(gateway, list(spec.instances)).items())
         ],
     }
+
+
+def route_backend(gateway: Gateway, index: int) -> str:
+    """HAProxy's backend for the gateway's route number `index` (haproxy.cfg.j2 names it so)."""
+    return f"{gateway.name}-{index}"
+
+
+def rollout_vars(spec: Spec, host: Host) -> dict[str, Any]:
+    """What role rollout drains and puts back on a host while a rolling apply changes it: each gateway
+    server that is one of the host's instances, {gateway: its host, backend, server}."""
+    names = {instance.name for instance in spec.instances_on(host.name)}
+    servers = [{"gateway": gateway.host, "backend": route_backend(gateway, index), "server": replica.instance.name}
+               for gateway in spec.gateways
+               for index, replicas in enumerate(routes(gateway, list(spec.instances)).values())
+               for replica in replicas if replica.instance.name in names]
+    return {"rollout_gateway_servers": servers} if servers else {}
 
 
 def service_instance(host: Host, instance: Instance, file_name: FileName = _as_is) -> dict[str, Any]:

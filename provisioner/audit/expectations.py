@@ -269,12 +269,16 @@ def gpu_boot_unit_expectations(variables: dict[str, Any]) -> dict[str, Any]:
 
 
 def vllm_install_expectations(variables: dict[str, Any]) -> dict[str, str] | None:
-    """The vLLM version the vllm_install role pins and the venv it installs it in (the role's own
-    `_vllm_install_venv`); None where the role does not run (site.yml: every instance in a container)."""
+    """The vLLM version the vllm_install role pins, the venv it installs it in, the folder of every
+    version's venv and the links to the running and the previous one (the role's own names); None where
+    the role does not run (site.yml: every instance in a container)."""
     if not variables.get("vllm_install_enabled", True):
         return None
-    venv = render_string(role_vars("vllm_install")["_vllm_install_venv"], variables)
-    return {"venv": venv, "version": str(variables["vllm_install_version"])}
+    names = role_vars("vllm_install")
+    paths = {key: render_string(names[f"_vllm_install_{name}"], variables)
+             for key, name in (("venv", "venv"), ("venvs", "venvs"), ("current", "current_link"),
+                               ("previous", "previous_link"), ("unversioned", "unversioned_venv"))}
+    return {**paths, "path": str(variables["vllm_install_path"]), "version": str(variables["vllm_install_version"])}
 
 
 def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, Any]]:

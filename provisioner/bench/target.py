@@ -49,7 +49,7 @@ def bench_target(spec: Spec, instance_name: str, vllm: str | None = None) -> Ben
                                 if unit.instance == instance.name)
     config = yaml.safe_load(planned.config_file.content)
     serving = serving_expectations(["vllm", "serve"], config)
-    venv_bin = f"{host.vllm.install_path}/venv/bin"
+    venv_bin = f"{host.vllm.venv}/bin"
     api_key = read_api_key(instance.api_key_file) if instance.api_key_file else None
     return BenchTarget(
         instance=instance,

@@ -40,6 +40,13 @@ def apply(
         "--ask-become-pass", "-K", help="Ask for the sudo password (sent to Ansible's prompt, never stored).")] = False,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print a JSON summary on stdout; progress goes to stderr.")] = False,
+    rolling: Annotated[bool, typer.Option(
+        "--rolling", help="Change the hosts a batch at a time, a canary host first; each host out of the "
+        "gateways while it changes, back once ready; a failed batch stops the rollout.")] = False,
+    batch: Annotated[str, typer.Option(
+        "--batch", metavar="N|N%", help="With --rolling: hosts per batch after the canary.")] = "1",
+    max_fail: Annotated[str, typer.Option(
+        "--max-fail", metavar="N|N%", help="With --rolling: hosts that may fail before the rollout stops.")] = "0",
 ) -> None:
     """Apply the spec to its hosts (or the HOSTs and GROUPs named): sysctls, nouveau blacklist, /dev/shm,
     NVIDIA settings, vLLM. Every apply keeps a run log; its last line names it."""
@@ -54,6 +61,7 @@ def apply(
     from provisioner.apply import ControlError, Controls, apply_spec, check_apply, split_tags
     from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
     from provisioner.preflight import PreflightError
+    from provisioner.rollout import Rollout
     from provisioner.runlog import RunLog
     from provisioner.secrets import redact
 
@@ -61,8 +69,11 @@ def apply(
     spec = find_spec_or_exit(spec)
     loaded = load_spec_or_exit(spec)
     chosen = [host.name for host in select_or_exit(loaded, hosts)]
+    if not rolling and (batch, max_fail) != ("1", "0"):
+        exit_with(USAGE_ERROR, "--batch and --max-fail say how a rolling apply goes — add --rolling")
     controls = Controls(tags=split_tags(tags or []), skip_tags=split_tags(skip_tags or []),
-                        extra_vars=tuple(extra_vars or []), verbosity=verbose, forks=forks)
+                        extra_vars=tuple(extra_vars or []), verbosity=verbose, forks=forks,
+                        rollout=Rollout(batch=batch, max_fail=max_fail) if rolling else None)
     try:
         check_apply(loaded, chosen, controls)  # apply_spec checks again; here: before the password prompt
     except (ControlError, AnsibleConfigError) as error:
@@ -83,11 +94,11 @@ def apply(
         result = apply_spec(loaded, hosts=chosen, check=check, diff=diff, controls=controls,
                             on_result=lambda task: print_result(task, out),
                             on_output=lambda line: out.print(redact(line), markup=False, style="dim"))
-        show_summary(out, result, check)
+        show_summary(out, result, check, chosen if rolling else None)
         out.print(f"run log: {log.path}", markup=False)
     finally:
         log.close()
     if as_json:
-        typer.echo(json.dumps(summary_json(spec, result, check, log.path), indent=2))
+        typer.echo(json.dumps(summary_json(spec, result, check, log.path, chosen if rolling else None), indent=2))
     if not result.succeeded:
         exit_with(PROBLEMS_FOUND)

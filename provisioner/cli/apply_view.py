@@ -68,8 +68,41 @@ def summary_table(result: ApplyResult, check: bool) -> Table:
     return table
 
 
-def show_summary(out: Output, result: ApplyResult, check: bool) -> None:
+def rollout_rows(result: ApplyResult, hosts: list[str]) -> list[dict]:
+    """What a rolling apply did where, host by host in the order they ran: the batch (1: the canary), its
+    window in seconds since the run started, and the outcome; hosts it never reached are "untouched"."""
+    rows = []
+    def order(host: str) -> tuple:
+        turn = result.turns.get(host)
+        return (0, turn.batch, turn.started) if turn else (1, 0, 0.0)
+
+    for host in sorted(hosts, key=order):
+        turn, stats = result.turns.get(host), result.stats.get(host)
+        if turn is None or stats is None:
+            rows.append({"host": host, "batch": None, "from": None, "to": None,
+                         "outcome": "untouched: the rollout stopped before its batch"})
+            continue
+        outcome = ("failed" if not stats.succeeded else f"changed {stats.changed}" if stats.changed else "no change")
+        rows.append({"host": host, "batch": turn.batch, "from": round(turn.started, 1), "to": round(turn.ended, 1),
+                     "outcome": outcome})
+    return rows
+
+
+def rollout_table(rows: list[dict]) -> Table:
+    table = Table(title="rollout (batch 1: the canary; seconds since the start)")
+    for column in ("host", "batch", "from", "to", "outcome"):
+        table.add_column(column, justify="left" if column in ("host", "outcome") else "right")
+    for row in rows:
+        table.add_row(row["host"], *(("-" if row[key] is None else str(row[key])) for key in ("batch", "from", "to")),
+                      row["outcome"], style="" if row["outcome"].startswith(("changed", "no change")) else "bold red")
+    return table
+
+
+def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str] | None = None) -> None:
+    """The per-host table (and, for a rolling apply over `rolled`, what was done where), then the problems."""
     out.print(summary_table(result, check))
+    if rolled is not None:
+        out.print(rollout_table(rollout_rows(result, rolled)))
     if result.succeeded:
         return
     for problem in result.problems:
@@ -79,9 +112,11 @@ def show_summary(out: Output, result: ApplyResult, check: bool) -> None:
         out.print(redact(result.output_tail), markup=False)
 
 
-def summary_json(spec: Path, result: ApplyResult, check: bool, log: Path) -> dict:
-    """apply's outcome for programs: per host the counts, the problems, the run log (secrets redacted)."""
+def summary_json(spec: Path, result: ApplyResult, check: bool, log: Path, rolled: list[str] | None = None) -> dict:
+    """apply's outcome for programs: per host the counts, the problems, the run log (secrets redacted);
+    for a rolling apply, the rollout's rows."""
     return redact_data({
+        **({"rollout": rollout_rows(result, rolled)} if rolled is not None else {}),
         "spec": str(spec),
         "check": check,
         "succeeded": result.succeeded,

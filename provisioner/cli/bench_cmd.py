@@ -28,7 +28,7 @@ def bench_run(
         "--sweep", help="FLAG=V1,V2,…: restart the instance with each value in turn, then restore it.")] = None,
     results: ResultsOption = DEFAULT_RESULTS,
     vllm: Annotated[str | None, typer.Option(
-        "--vllm", help="The vllm executable on the host (default: the spec's <install_path>/venv/bin/vllm).")] = None,
+        "--vllm", help="The vllm executable on the host (default: the spec's <install_path>/venvs/<version>/bin/vllm).")] = None,
     floor: Annotated[bool, typer.Option(help="Measure the HBM bandwidth for the batch-1 TPOT floor.")] = True,
 ) -> None:
     """Load-test a deployed instance with vLLM's own `vllm bench serve`; keep the run set under --results."""

@@ -235,11 +235,18 @@ class VllmSettings(_Model):
     """The vLLM installation the instances run."""
 
     version: Version = Field("0.25.0", description="vLLM version (quoted string): 0.25.0 or 0.33.0")
-    install_path: AbsolutePath = Field("/opt/vllm", description="install folder; units run <install_path>/venv/bin/vllm")
+    install_path: AbsolutePath = Field(
+        "/opt/vllm", description="install folder: each version in its own venv, <install_path>/venvs/<version>; "
+                                 "units run its bin/vllm")
     wheelhouse: SpecPath | None = Field(
         None, description="folder on this machine with every wheel (`provision wheelhouse`): offline install; null: pip's index"
     )
     index_url: str | None = Field(None, description="pip's index URL when there is no wheelhouse; null: PyPI")
+
+    @property
+    def venv(self) -> str:
+        """The venv of this version (role vllm_install's `_vllm_install_venv`)."""
+        return f"{self.install_path}/venvs/{self.version}"
 
 
 class Host(_Model):

@@ -66,7 +66,7 @@ def test_unit_expectations_are_the_rendered_unit_as_systemctl_show_reports_it(se
     assert not {"Environment", "EnvironmentFile", "ExecStart", "ExecStartPost", "TimeoutStartSec"} & set(properties)
     assert unit["environment"] == {"CUDA_VISIBLE_DEVICES": SEED1_UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                    "HF_HOME": "/var/lib/vllm/hf"}
-    assert unit["command_line"] == "/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
+    assert unit["command_line"] == "/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
     # where it listens and what it serves: read from the rendered config file
     assert (unit["listen"], unit["url"], unit["served_names"]) == (
         "127.0.0.1:8000", "http://127.0.0.1:8000", ["Qwen/Qwen2.5-7B-Instruct"])
@@ -200,10 +200,13 @@ def test_the_gpu_boot_unit_is_the_roles_own_oneshot_enabled_and_active_after_a_r
 
 def test_the_pinned_vllm_is_expected_in_the_roles_venv_where_the_role_runs(seed1):
     _, target = seed1
-    assert target.expected["vllm_install"] == {"venv": "/opt/vllm/venv", "version": "0.25.0"}
+    assert target.expected["vllm_install"] == {
+        "venv": "/opt/vllm/venvs/0.25.0", "version": "0.25.0", "path": "/opt/vllm", "venvs": "/opt/vllm/venvs",
+        "current": "/opt/vllm/current", "previous": "/opt/vllm/previous", "unversioned": "/opt/vllm/venv"}
     elsewhere = host(vllm={"version": "0.33.0", "install_path": "/srv/vllm"})
     (target,) = spec_targets(validate_spec(spec_data([elsewhere])))
-    assert target.expected["vllm_install"] == {"venv": "/srv/vllm/venv", "version": "0.33.0"}
+    assert target.expected["vllm_install"]["venv"] == "/srv/vllm/venvs/0.33.0"
+    assert target.expected["vllm_install"]["current"] == "/srv/vllm/current"
     in_a_container = instance("chat", 8000, container={"engine": "podman"})
     (target,) = spec_targets(validate_spec(spec_data([host()], [in_a_container])))
     assert target.expected["vllm_install"] is None  # site.yml skips vllm_install: no venv instance

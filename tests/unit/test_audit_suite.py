@@ -374,9 +374,19 @@ def test_the_venvs_vllm_is_the_pinned_version(out, status, actual):
         status, "vLLM in /opt/vllm/venv", "0.25.0", actual)
 
 
+def install_paths(path: Path, version: str = "0.25.0") -> dict[str, str]:
+    """vllm_install's expectations for an install folder `path` (as expectations.vllm_install_expectations)."""
+    return {"venv": f"{path}/venvs/{version}", "version": version, "path": str(path), "venvs": f"{path}/venvs",
+            "current": f"{path}/current", "previous": f"{path}/previous", "unversioned": f"{path}/venv"}
+
+
+def install_commands(install: dict[str, str]) -> dict[str, str]:
+    return host_commands({"sysctl": {"file": None, "settings": {}}, "nouveau": {"enabled": False}, "shm": {},
+                          "units": [], "vllm_install": install})
+
+
 def test_the_venvs_vllm_version_is_read_without_importing_vllm(tmp_path):
-    command = host_commands({"sysctl": {"file": None, "settings": {}}, "nouveau": {"enabled": False}, "shm": {},
-                             "units": [], "vllm_install": {"venv": str(tmp_path), "version": "0.25.0"}})["vllm_version"]
+    command = install_commands({**install_paths(tmp_path), "venv": str(tmp_path)})["vllm_version"]
     missing = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
     assert (missing.returncode, missing.stdout.strip()) == (4, f"no {tmp_path}/bin/python")
     (tmp_path / "bin").mkdir()
@@ -391,7 +401,7 @@ Description=vLLM chat
 User=vllm
 Environment=CUDA_VISIBLE_DEVICES=GPU-1
 EnvironmentFile=/etc/vllm/chat.env
-ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml
+ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml
 """
 UNIT_FILE = {"path": "/etc/systemd/system/vllm-chat.service", "role": "vllm_service", "owner": "root:root",
              "mode": "0644", "content": UNIT_TEXT,
@@ -483,3 +493,33 @@ def test_a_unit_file_systemd_did_not_load_is_left_to_the_units_own_row():
     assert row(test_managed_files.test_managed_file, boot, units={}, gpu_boot_unit={**RAN, "LoadState": "masked"},
                managed_files={boot["path"]: (("0777", "root:root"), "")})[::3] == (
         "n/a", "n/a: nvidia-gpu-limits.service is masked: see nvidia-gpu-limits.service: enabled")
+
+
+def venvs_read(path: Path, install: dict[str, str]) -> dict[str, str]:
+    """What the audit's VLLM_VENVS command reads on a real folder tree, as parse_facts keeps it."""
+    out = subprocess.run(["bash", "-c", install_commands(install)["vllm_venvs"]], capture_output=True, text=True,
+                         check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.mark.parametrize("pinned, venvs, current, previous, unversioned, status, actual", [
+    ("0.25.0", ["0.25.0"], "0.25.0", None, False, "passed", "0.25.0 running"),
+    ("0.33.0", ["0.25.0", "0.33.0"], "0.33.0", "0.25.0", False, "passed", "0.33.0 running, 0.25.0 previous"),
+    ("0.33.0", ["0.25.0", "0.33.0"], "0.25.0", None, False, "failed", "0.25.0 running, 0.33.0 left over"),  # rolled back
+    ("0.25.0", ["0.20.0", "0.25.0", "0.33.0"], "0.25.0", "0.33.0", False, "failed",
+     "0.25.0 running, 0.33.0 previous, 0.20.0 left over"),
+    ("0.25.0", ["0.25.0"], "0.25.0", None, True, "failed", "0.25.0 running, {root}/venv left over"),
+    ("0.25.0", ["0.25.0"], None, None, True, "failed", "none running (no current link), 0.25.0 left over, {root}/venv left over"),
+])
+def test_the_venvs_are_the_running_version_and_at_most_one_previous(tmp_path, pinned, venvs, current, previous,
+                                                                    unversioned, status, actual):
+    for version in venvs:
+        (tmp_path / "venvs" / version).mkdir(parents=True)
+    for link, version in (("current", current), ("previous", previous)):
+        if version:
+            (tmp_path / link).symlink_to(tmp_path / "venvs" / version)
+    if unversioned:
+        (tmp_path / "venv").mkdir()
+    install = install_paths(tmp_path, pinned)
+    assert row(test_vllm_install.test_vllm_versions, install, vllm_venvs=venvs_read(tmp_path, install)) == (
+        status, f"vLLM versions in {tmp_path}", f"{pinned} running, at most one previous", actual.format(root=tmp_path))

@@ -130,7 +130,7 @@ def test_plan_shows_sysctls_files_units_and_environment():
     assert any(line.startswith("│ vm.swappiness") and line.endswith("│ 1     │") for line in lines)
     assert "/etc/fstab: tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=16G 0 0" in lines
     assert "/etc/systemd/system/vllm-qwen7b.service (mode 0644, role vllm_service)" in lines
-    assert "ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml" in lines
+    assert "ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/qwen7b.yaml" in lines
     assert "/etc/vllm/qwen7b.yaml (mode 0644, role vllm_service)" in lines
     assert "max-num-seqs: 128" in lines
     assert "/etc/vllm/qwen7b.env (mode 0600, role vllm_service)" in lines

@@ -364,7 +364,7 @@ def test_plan_json_is_the_whole_plan_with_secrets_redacted():
     assert ws3090["sysctls"]["vm.swappiness"] == 1
     unit = ws3090["units"][0]
     assert unit["unit"]["path"] == "/etc/systemd/system/vllm-qwen7b.service"
-    assert "ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml" in unit["unit"]["content"]
+    assert "ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/qwen7b.yaml" in unit["unit"]["content"]
     assert ws3090["memory"][0]["plan"]["instances"][0]["name"] == "qwen7b"
     assert "fake-example-key-seed1" not in result.output
 

@@ -168,11 +168,17 @@ def test_the_inventory_puts_the_gateway_host_in_group_gateway_with_its_routes(tm
     assert group["children"] == {"gateway": {"hosts": {"edge": {}}}}
     assert files["host_vars/edge.yml"]["gateway_frontends"] == [{
         "name": "public", "bind": "0.0.0.0", "port": 8080, "tls_certificate": None,
-        "routes": [{"model": "Qwen/Qwen3-1.7B-FP8", "api_key_file": str(tmp_path / "a.key"),
+        "routes": [{"model": "Qwen/Qwen3-1.7B-FP8", "backend": "public-0", "api_key_file": str(tmp_path / "a.key"),
                     "servers": [{"name": "qwen-a", "address": "192.0.2.21", "port": 8000},  # 0.0.0.0: the host's address
                                 {"name": "qwen-b", "address": "192.0.2.22", "port": 8000}]}],  # its bind address
     }]
     assert "gateway_frontends" not in files["host_vars/gpu-a.yml"]
+    # what role rollout drains on each replica's host while a rolling apply changes it
+    assert files["host_vars/gpu-a.yml"]["rollout_gateway_servers"] == [
+        {"gateway": "edge", "backend": "public-0", "server": "qwen-a"}]
+    assert files["host_vars/gpu-b.yml"]["rollout_gateway_servers"] == [
+        {"gateway": "edge", "backend": "public-0", "server": "qwen-b"}]
+    assert "rollout_gateway_servers" not in files["host_vars/edge.yml"]  # it serves no replica
 
 
 def test_an_inventory_without_gateways_has_no_gateway_group():

@@ -103,7 +103,7 @@ def test_settings_and_seam_variables():
     variables = build_inventory(validate_spec(data))["host_vars/ws4070.yml"]
     assert variables["shm_size"] == "16G"
     assert variables["nouveau_blacklist_enabled"] is False
-    assert variables["vllm_service_bin"] == "/srv/vllm/venv/bin/vllm"
+    assert variables["vllm_service_bin"] == "/srv/vllm/venvs/0.33.0/bin/vllm"
     assert variables["vllm_service_instances"] == []
     assert variables["nvidia_gpu_expected_count"] == 2  # defaults to the devices listed
     assert variables["nvidia_gpu_persistence_mode"] is False

@@ -40,7 +40,7 @@ def test_unit_runs_vllm_serve_with_the_instance_config_file(seed1):
     (unit,) = seed1.units
     assert unit.unit.path == "/etc/systemd/system/vllm-qwen7b.service"
     assert unit.unit.mode == "0644"
-    assert exec_start(unit.unit.content) == "ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
+    assert exec_start(unit.unit.content) == "ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
     assert (unit.config_file.path, unit.config_file.mode) == ("/etc/vllm/qwen7b.yaml", "0644")
     assert config_lines(unit) == [
         'model: "Qwen/Qwen2.5-7B-Instruct"', 'host: "127.0.0.1"', "port: 8000", "gpu-memory-utilization: 0.95",

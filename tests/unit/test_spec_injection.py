@@ -109,7 +109,7 @@ def _rendered_exactly(path: str, value: str, data: dict) -> None:
         elif path == "instances[0].options.compilation-config.backend":
             assert json.loads(config["compilation-config"]) == {"backend": value}
         elif path == "hosts[0].vllm.install_path":
-            assert _unit_command_words(_setting(unit.unit.content, "ExecStart"))[0] == f"/opt/{value}/venv/bin/vllm"
+            assert _unit_command_words(_setting(unit.unit.content, "ExecStart"))[0] == f"/opt/{value}/venvs/0.25.0/bin/vllm"
     if path.startswith("hosts[0].settings.sysctls"):
         assert f"\nnet.core.x = {value}\n" in plan.sysctl_file.content
     for file in plan.files:  # no value added a line of its own

@@ -34,6 +34,10 @@ MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.
 BOOT_UNIT_STATE = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Result", "ExecMainStatus",
                    "ExecMainExitTimestamp")
 # the venv's vLLM version without importing vllm (slow; the real one may need CUDA)
+# the venvs of role vllm_install: where `current` and `previous` link, every version's venv, the
+# unversioned venv of earlier releases; one KEY=VALUE line each (venvs: space-separated folder names)
+VLLM_VENVS = ("echo current=$(readlink -e {current}); echo previous=$(readlink -e {previous}); "
+              "echo venvs=$(ls -1 {venvs} 2>/dev/null | sort -V); [ -d {unversioned} ] && echo unversioned={unversioned}; true")
 VLLM_VERSION = """\
 import importlib.metadata as metadata
 try:
@@ -117,6 +121,7 @@ class HostFacts:
     gpu_boot_unit: dict[str, str] | None = None  # `systemctl show` of the nvidia_gpu role's boot unit
     gateway: dict[str, str] | None = None  # `systemctl show` of role gateway's haproxy.service
     vllm_version: Output | None = None  # the venv's vLLM version (VLLM_VERSION's output and exit status)
+    vllm_venvs: dict[str, str] = field(default_factory=dict)  # VLLM_VENVS: current, previous, venvs, unversioned
     # each managed file (expected["managed_files"]) by path: ((mode, owner:group), its content); None: absent
     managed_files: dict[str, tuple[tuple[str, str], str] | None] = field(default_factory=dict)
 
@@ -186,6 +191,9 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     if expected.get("vllm_install"):
         python = shlex.quote(f"{expected['vllm_install']['venv']}/bin/python")
         commands["vllm_version"] = f"[ -x {python} ] || {{ echo no {python}; exit 4; }}; {python} -c {shlex.quote(VLLM_VERSION)}"
+        install = expected["vllm_install"]
+        commands["vllm_venvs"] = VLLM_VENVS.format(**{key: shlex.quote(install[key]) for key in
+                                                      ("current", "previous", "venvs", "unversioned")})
     for index, managed in enumerate(expected.get("managed_files", [])):
         path = shlex.quote(managed["path"])
         # mode and owner, then the content in base64 (one line: no framing to escape)
@@ -296,6 +304,8 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     if "gateway" in out:
         facts.gateway = dict(line.split("=", 1) for line in out["gateway"].text.splitlines() if "=" in line)
     facts.vllm_version = out.get("vllm_version")
+    if "vllm_venvs" in out:
+        facts.vllm_venvs = dict(line.split("=", 1) for line in out["vllm_venvs"].text.splitlines() if "=" in line)
     for index, managed in enumerate(expected.get("managed_files", [])):
         facts.managed_files[managed["path"]] = managed_file(out[f"managed{index}"])
     return facts

@@ -22,3 +22,22 @@ def test_vllm_version(case, facts, audit):
     if read is None or read.rc != 0:
         audit.expect(check, install["version"], f"({lines[-1] if lines else 'unreadable'})", passed=False)
     audit.expect(check, install["version"], lines[-1] if lines else "(no version)")
+
+
+@installs
+def test_vllm_versions(case, facts, audit):
+    """`vLLM versions in PATH` — the venv the units run (`current`) against the pinned version's; any venv but it and the previous one (kept for a rollback) is left over.
+
+    Modes: spec.
+    """
+    install, read = case.item, facts.vllm_venvs
+    name = lambda path: path.rsplit("/", 1)[-1] if path.startswith(install["venvs"] + "/") else path  # noqa: E731
+    running, previous = read.get("current", ""), read.get("previous", "")
+    kept = {path for path in (running, previous) if path}
+    found = [f"{install['venvs']}/{version}" for version in read.get("venvs", "").split()]
+    found += [read["unversioned"]] if read.get("unversioned") else []
+    actual = [f"{name(running)} running" if running else "none running (no current link)"]
+    actual += [f"{name(previous)} previous"] if previous else []
+    actual += [f"{name(path)} left over" for path in found if path not in kept]
+    audit.expect(f"vLLM versions in {install['path']}", f"{install['version']} running, at most one previous",
+                 ", ".join(actual), passed=running == install["venv"] and set(found) <= kept)

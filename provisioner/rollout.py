@@ -1,0 +1,83 @@
+"""A rolling apply (`provision apply --rolling`, docs/rollout.md): the hosts in batches, a canary batch
+first, each host out of the gateways while it changes (role rollout), the next batch once it is back.
+
+`Rollout` is what the site playbook gets (`rollout_batches`, `rollout_max_fail`); `Timeline` reads the
+run's events into each host's turn: its batch and when it started and ended. Importable without Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+HOSTS_PLAY = "Provision vLLM hosts"  # playbooks/site.yml's play that runs in batches
+COUNT = re.compile(r"^([0-9]+)(%?)$")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Batches of `batch` hosts (N or N%) after a canary batch of `canary` hosts; the rollout stops before
+    the next batch once more than `max_fail` hosts (N or N% of the hosts) failed."""
+
+    batch: str = "1"
+    max_fail: str = "0"
+    canary: int = 1
+
+    def problems(self) -> list[str]:
+        """What is wrong with the options, each with its fix (none: usable)."""
+        found = []
+        batch = COUNT.match(self.batch)
+        if not batch or int(batch[1]) < 1 or (batch[2] and int(batch[1]) > 100):
+            found.append(f"--batch {self.batch}: give a number of hosts (1 or more) or a percentage of them "
+                         "(1%-100%)")
+        max_fail = COUNT.match(self.max_fail)
+        if not max_fail or (max_fail[2] and int(max_fail[1]) > 100):
+            found.append(f"--max-fail {self.max_fail}: give a number of hosts (0 or more) or a percentage of "
+                         "them (0%-100%)")
+        if self.canary < 1:
+            found.append(f"--canary {self.canary}: give 1 or more hosts")
+        return found
+
+    def extra_vars(self) -> str:
+        """The site playbook's rollout variables, as one -e JSON value (Ansible's `serial` takes N or "N%")."""
+        batch = self.batch if self.batch.endswith("%") else int(self.batch)
+        max_fail = self.max_fail if self.max_fail.endswith("%") else int(self.max_fail)
+        return json.dumps({"rollout_batches": [self.canary, batch], "rollout_max_fail": max_fail})
+
+
+@dataclass
+class HostTurn:
+    """A host's turn in the run: the batch it ran in (1: the canary) and its first and last event, in
+    seconds since the run started."""
+
+    batch: int
+    started: float
+    ended: float
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass
+class Timeline:
+    """Each host's turn, read from the run's events as they arrive."""
+
+    turns: dict[str, HostTurn] = field(default_factory=dict)
+    batch: int = 0
+    in_hosts_play: bool = False
+    _start: float = field(default_factory=time.monotonic)
+
+    def read(self, event: dict) -> None:
+        data = event.get("event_data") or {}
+        if event.get("event") == "playbook_on_play_start":
+            self.in_hosts_play = data.get("play") == HOSTS_PLAY
+            self.batch += self.in_hosts_play  # one play start per batch
+        host = data.get("host")
+        if not host or not self.in_hosts_play:  # the gateways' play, after the batches, is not a host's turn
+            return
+        now = time.monotonic() - self._start
+        turn = self.turns.setdefault(host, HostTurn(self.batch, now, now))
+        turn.ended = now
