@@ -1,0 +1,293 @@
+"""The module haproxy_server: its reading of HAProxy's answers, against the answers a real HAProxy 2.6 gave
+(tests/fixtures/haproxy/, recorded by record.py there), then the module as Ansible runs it (ad hoc, on this
+machine) against a real haproxy started here with its own socket, in front of TEST DOUBLE replicas on
+127.0.0.1 (tests/doubles/haproxy_gateway.py): drains with a request in flight, waits for checks, fails
+with the messages it promises. Skipped, saying so, where the haproxy binary is missing (.ci/setup installs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from provisioner.paths import COLLECTION, collections_dir
+from tests.doubles.haproxy_gateway import HAPROXY, Gateway
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "haproxy"
+spec = importlib.util.spec_from_file_location("haproxy_server", ROOT / "plugins" / "modules" / "haproxy_server.py")
+haproxy_server = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(haproxy_server)
+
+needs_haproxy = pytest.mark.skipif(
+    HAPROXY is None, reason="the haproxy binary is missing: apt-get install haproxy (.ci/setup installs it)")
+
+
+def recorded(state: str, server: str) -> dict:
+    stat = haproxy_server.parse_stat((FIXTURES / f"{state}.show-stat.csv").read_text())
+    servers = haproxy_server.parse_servers_state((FIXTURES / f"{state}.show-servers-state.txt").read_text())
+    return haproxy_server.server_state(stat, servers, "public-0", server)
+
+
+def brief(state: dict) -> tuple:
+    return state["admin"], state["status"], state["sessions"], state["queue"], haproxy_server.last_check(state)
+
+
+# ------------------------------------------------------------------ HAProxy 2.6's answers, recorded
+
+
+@pytest.mark.parametrize("state, chat1, chat2", [
+    ("ready", ("ready", "UP", 0, 0, "L7OK 200"), ("ready", "UP", 0, 0, "L7OK 200")),
+    ("in-flight", ("ready", "UP", 1, 0, "L7OK 200"), ("ready", "UP", 0, 0, "L7OK 200")),
+    ("drain-in-flight", ("drain", "DRAIN", 1, 0, "L7OK 200"), ("ready", "UP", 0, 0, "L7OK 200")),
+    ("drain", ("drain", "DRAIN", 0, 0, "L7OK 200"), ("ready", "UP", 0, 0, "L7OK 200")),
+    ("maint", ("maint", "MAINT", 0, 0, "no check result"), ("ready", "UP", 0, 0, "L7OK 200")),
+    ("ready-after-maint", ("ready", "UP 1/2", 0, 0, "L7OK 200"), ("ready", "UP", 0, 0, "L7OK 200")),
+    ("down-503", ("ready", "UP", 0, 0, "L7OK 200"), ("ready", "DOWN", 0, 0, "L7STS 503: Service Unavailable")),
+    ("down-drain", ("ready", "UP", 0, 0, "L7OK 200"), ("drain", "DOWN", 0, 0, "L7STS 503: Service Unavailable")),
+    ("down-refused", ("ready", "UP", 0, 0, "L7OK 200"), ("drain", "DOWN", 0, 0, "L4CON: Connection refused")),
+])
+def test_each_recorded_state_reads_as_haproxy_showed_it(state, chat1, chat2):
+    assert (brief(recorded(state, "chat-1")), brief(recorded(state, "chat-2"))) == (chat1, chat2)
+
+
+def test_the_admin_state_comes_from_srv_admin_state_because_status_hides_a_drain_while_down():
+    stat = haproxy_server.parse_stat((FIXTURES / "down-drain.show-stat.csv").read_text())
+    (row,) = [row for row in stat if row["pxname"] == "public-0" and row["svname"] == "chat-2"]
+    assert row["status"] == "DOWN"  # nothing in show stat says drained
+    assert recorded("down-drain", "chat-2")["admin"] == "drain"  # srv_admin_state 8 (FDRAIN) does
+    assert [haproxy_server.admin_state(bits) for bits in (0, 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x09)] == [
+        "ready", "maint", "maint", "maint", "drain", "drain", "maint", "ready", "maint"]
+
+
+def test_up_means_full_health_not_up_just_after_maint():
+    assert haproxy_server.is_up(recorded("ready", "chat-1"))
+    assert not haproxy_server.is_up(recorded("ready-after-maint", "chat-1"))  # UP 1/2: no check yet
+    assert not haproxy_server.is_up(recorded("down-503", "chat-2"))
+    assert haproxy_server.is_drained(recorded("drain", "chat-1"))
+    assert not haproxy_server.is_drained(recorded("drain-in-flight", "chat-1"))
+
+
+def test_a_check_under_way_has_a_star_and_no_code():
+    stat = haproxy_server.parse_stat((FIXTURES / "down-503-checking.show-stat.csv").read_text())
+    servers = haproxy_server.parse_servers_state((FIXTURES / "down-503.show-servers-state.txt").read_text())
+    state = haproxy_server.server_state(stat, servers, "public-0", "chat-2")
+    assert (state["check_status"], state["check_code"], state["last_check"]) == ("* L7STS", "0", "")
+
+
+def test_unknown_backend_and_server_from_the_recorded_answers():
+    answers = json.loads((FIXTURES / "answers.json").read_text())
+    assert answers["show servers state public-9"].startswith("Can't find backend")  # what read_server looks for
+    assert answers["set server public-0/chat-1 state drain"].strip() == ""  # success: an empty line
+    stat = haproxy_server.parse_stat((FIXTURES / "ready.show-stat.csv").read_text())
+    servers = haproxy_server.parse_servers_state((FIXTURES / "ready.show-servers-state.txt").read_text())
+    with pytest.raises(haproxy_server.Failure) as backend:
+        haproxy_server.server_state(stat, [], "public-9", "chat-1")
+    assert str(backend.value) == UNKNOWN_BACKEND
+    with pytest.raises(haproxy_server.Failure) as server:
+        haproxy_server.server_state(stat, servers, "public-0", "chat-9")
+    assert str(server.value) == UNKNOWN_SERVER
+
+
+UNKNOWN_BACKEND = ("HAProxy has no backend 'public-9' (its backends: public-0, public-1) - fix the backend option (role"
+                   " gateway names a gateway's routes <gateway>-<index>: see /etc/haproxy/haproxy.cfg)")
+UNKNOWN_SERVER = ("HAProxy's backend 'public-0' has no server 'chat-9' (its servers: chat-1, chat-2) - fix the server"
+                  " option (role gateway names each server after its instance)")
+
+
+# ------------------------------------------------------------------ the module, against a real haproxy
+
+
+class Runner:
+    """The module as Ansible runs it: `ansible localhost -m vllm_provision.gpu_host.haproxy_server`."""
+
+    def __init__(self, gateway: Gateway, work: Path):
+        self.gateway, self.work = gateway, work
+        self.env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(work / "collections")),
+                    "ANSIBLE_REMOTE_TMP": str(work / "ansible-tmp"), "ANSIBLE_LOCALHOST_WARNING": "false",
+                    "ANSIBLE_NOCOLOR": "1"}
+
+    def __call__(self, *options: str, **args) -> dict:
+        tree = self.work / "tree"
+        (tree / "localhost").unlink(missing_ok=True)
+        args = {"socket": str(self.gateway.socket), "backend": "public-0", "poll_interval": 0.1, **args}
+        started = time.monotonic()
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-e",
+             f"ansible_python_interpreter={sys.executable}", "-t", str(tree), "-m", f"{COLLECTION}.haproxy_server",
+             "-a", json.dumps(args), *options],
+            env=self.env, capture_output=True, text=True, timeout=120)
+        return {**json.loads((tree / "localhost").read_text()), "failed": done.returncode != 0,
+                "stdout": done.stdout + done.stderr, "ended": time.monotonic(), "seconds": time.monotonic() - started}
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    folder = tmp_path / "gateway"
+    folder.mkdir()
+    gateway = Gateway(folder, {"Qwen/Qwen3-1.7B-FP8": ["chat-1", "chat-2"], "Qwen/Qwen3-8B": ["big-1"]})
+    try:
+        gateway.start()
+        for name in ("chat-1", "chat-2"):
+            gateway.wait_status("public-0", name, "UP")
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+@pytest.fixture
+def module(gateway, tmp_path) -> Runner:
+    return Runner(gateway, tmp_path)
+
+
+def admin(gateway: Gateway, server: str) -> str:
+    (row,) = [row for row in haproxy_server.parse_servers_state(gateway.query("show servers state public-0"))
+              if row["srv_name"] == server]
+    return haproxy_server.admin_state(int(row["srv_admin_state"]))
+
+
+@needs_haproxy
+def test_drain_waits_for_the_request_in_flight_then_new_ones_go_to_the_other_replica(gateway, module):
+    slow = gateway.request("Qwen/Qwen3-1.7B-FP8", sleep=20)  # Ansible takes 3-4 s (more under load) to start a task
+    while not any(gateway.server_line("public-0", name)["scur"] == "1" for name in ("chat-1", "chat-2")):
+        time.sleep(0.02)
+    busy, other = ("chat-1", "chat-2") if gateway.server_line("public-0", "chat-1")["scur"] == "1" else ("chat-2", "chat-1")
+
+    early = module(server=busy, state="drain", timeout=1)  # the caller decides: no failure
+    assert not early["failed"] and early["changed"] is True and early["drained"] is False, early
+    assert early["after"]["sessions"] == 1 and early["after"]["admin"] == "drain"
+    assert early["msg"] == f"public-0/{busy}: ready -> drain; 1 session(s) and 0 queued left"
+    assert f"[WARNING]: public-0/{busy} is not drained after 1 s: 1 session(s) and 0 queued left" in " ".join(
+        early["stdout"].split()), early["stdout"]
+
+    drained = module(server=busy, state="drain")
+    slow.join()
+    assert not drained["failed"] and drained["changed"] is False and drained["drained"] is True, drained
+    assert drained["before"]["sessions"] == 1 and drained["after"]["sessions"] == 0
+    assert slow.status == 200  # it finished, it was not cut
+    assert drained["ended"] >= slow.ended and drained["waited"] > 0
+    print(f"\ndrain: waited {drained['waited']} s for the request in flight; the task ended "
+          f"{drained['ended'] - slow.ended:.2f} s after it (Ansible's own exit included; task {drained['seconds']:.1f} s)")
+
+    served_before = int(gateway.server_line("public-0", busy)["stot"])
+    new = gateway.request("Qwen/Qwen3-1.7B-FP8")
+    new.join()
+    assert new.status == 200 and int(gateway.server_line("public-0", busy)["stot"]) == served_before
+    assert int(gateway.server_line("public-0", other)["stot"]) >= 1
+
+
+@needs_haproxy
+def test_the_drain_wait_ends_within_a_poll_of_the_last_request(gateway):
+    """The module's own wait, in this process (no Ansible start or exit around it): a 3 s request in flight."""
+    gateway.query("set server public-0/chat-2 state drain")  # leastconn then picks chat-1
+    slow = gateway.request("Qwen/Qwen3-1.7B-FP8", sleep=3)
+    while gateway.server_line("public-0", "chat-1")["scur"] != "1":
+        time.sleep(0.01)
+    gateway.query("set server public-0/chat-1 state drain")
+    drained_at = time.monotonic()
+
+    def read():
+        return haproxy_server.read_server(str(gateway.socket), "public-0", "chat-1")
+
+    state, drained, waited = haproxy_server.wait_for(haproxy_server.is_drained, read, 10, 0.1)
+    ended = time.monotonic()
+    slow.join()
+    assert drained and state["sessions"] == 0 and slow.status == 200
+    assert 0 <= ended - slow.ended < 1, ended - slow.ended  # a poll is 0.1 s: 1 s leaves room for a loaded machine
+    print(f"\ndrain (in process): a 3 s request in flight, waited {waited} s from the drain; the wait ended "
+          f"{ended - slow.ended:.3f} s after the request (poll 0.1 s); drained {ended - drained_at:.2f} s after the drain")
+
+
+@needs_haproxy
+def test_ready_waits_until_the_health_check_passes(gateway, module):
+    gateway.query("set server public-0/chat-1 state drain")
+    gateway.stop_replica("chat-1")  # the instance restarts: HAProxy's check sees it DOWN
+    gateway.wait_status("public-0", "chat-1", "DOWN")
+    listening = []
+    later = threading.Timer(8, lambda: (gateway.start_replica("chat-1"), listening.append(time.monotonic())))
+    later.start()  # after the module has read it DOWN (Ansible takes 3-4 s to start it)
+
+    result = module(server="chat-1", state="ready")
+    later.join()
+    assert not result["failed"] and result["changed"] is True, result
+    assert result["before"]["status"] == "DOWN" and result["after"]["status"] == "UP"
+    assert result["ended"] >= listening[0] and result["waited"] > 0
+    assert result["msg"] == f"public-0/chat-1: drain -> ready; UP after {result['waited']:g} s"
+    print(f"\nready: waited {result['waited']} s; the task ended {result['ended'] - listening[0]:.2f} s after the "
+          f"replica listened (checks every 200 ms; Ansible's own exit included)")
+
+
+@needs_haproxy
+def test_a_replica_that_stays_down_fails_naming_its_status_and_last_check(gateway, module):
+    gateway.query("set server public-0/chat-2 state drain")
+    gateway.start_replica("chat-2", status=503)
+    gateway.wait_status("public-0", "chat-2", "DOWN")
+
+    result = module(server="chat-2", state="ready", timeout=2)
+    assert result["failed"] and result["changed"] is True and result["waited"] >= 2, result
+    assert result["msg"] == "public-0/chat-2 is not UP after 2 s (DOWN, L7STS 503: Service Unavailable)"
+    assert admin(gateway, "chat-2") == "ready"  # set as asked: HAProxy puts it back when its checks pass
+
+
+@needs_haproxy
+def test_check_mode_changes_nothing_and_predicts_changed_then_apply_is_idempotent(gateway, module):
+    predicted = module("--check", "--diff", server="chat-1", state="drain")
+    assert not predicted["failed"] and predicted["changed"] is True, predicted
+    assert predicted["msg"] == "public-0/chat-1: would set drain" and predicted["waited"] == 0
+    assert "-public-0/chat-1: ready\n+public-0/chat-1: drain" in predicted["stdout"], predicted["stdout"]
+    assert admin(gateway, "chat-1") == "ready"
+
+    applied = module("--diff", server="chat-1", state="drain")
+    assert applied["changed"] is True and applied["after"]["admin"] == "drain" and applied["drained"] is True, applied
+    assert admin(gateway, "chat-1") == "drain"
+    assert module(server="chat-1", state="drain")["changed"] is False
+    assert module("--check", server="chat-1", state="drain")["changed"] is False
+
+    maint = module(server="chat-1", state="maint")
+    assert maint["changed"] is True and maint["after"]["status"] == "MAINT" and maint["msg"] == (
+        "public-0/chat-1: drain -> maint; drained")
+    back = module(server="chat-1", state="ready")  # out of maint HAProxy says UP 1/2 at once: the wait takes a check
+    assert back["changed"] is True and back["after"]["status"] == "UP", back
+    assert module(server="chat-1", state="ready")["changed"] is False
+
+
+@needs_haproxy
+def test_unknown_backend_server_and_unreachable_socket_fail_with_one_message(gateway, module, tmp_path):
+    assert module(server="chat-9", state="drain")["msg"] == UNKNOWN_SERVER
+    assert module(backend="public-9", server="chat-1", state="drain")["msg"] == UNKNOWN_BACKEND
+
+    missing = tmp_path / "missing.sock"
+    result = module(socket=str(missing), server="chat-1", state="drain")
+    assert result["failed"] and result["msg"] == (
+        f"HAProxy's admin socket {missing} does not exist: haproxy is not running, or its configuration has no"
+        f" 'stats socket {missing} level admin' - start haproxy (systemctl start haproxy), or set the module's"
+        " socket option to its stats socket")
+    left = tmp_path / "left.sock"  # a socket file haproxy left behind: nothing listens
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(left))
+    result = module(socket=str(left), server="chat-1", state="drain")
+    assert result["failed"] and result["msg"] == (
+        f"HAProxy's admin socket {left} refuses connections: haproxy is not running (the socket file is left over)"
+        " - start haproxy (systemctl start haproxy), or set the module's socket option to its stats socket")
+    assert "Traceback" not in result["stdout"]
+    assert admin(gateway, "chat-1") == "ready"
+
+
+def test_the_module_documentation_renders(tmp_path):
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections"))}
+    name = f"{COLLECTION}.haproxy_server"
+    doc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "--type", "module", "--json", name],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert doc.returncode == 0, doc.stderr
+    entry = json.loads(doc.stdout)[name]
+    assert entry["doc"]["attributes"]["check_mode"]["support"] == "full"
+    assert set(entry["doc"]["options"]) == {"socket", "backend", "server", "state", "wait", "timeout", "poll_interval"}
+    assert set(entry["return"]) == {"before", "after", "drained", "waited", "msg"} and entry["examples"].strip()
