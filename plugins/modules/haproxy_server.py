@@ -54,6 +54,14 @@ options:
     description: Seconds between two reads of the server's state while waiting.
     type: float
     default: 0.5
+  missing:
+    description:
+      - What to do when HAProxy is not running (no socket, or one nobody listens on) or has no such backend or server.
+      - C(fail) fails naming what exists and the fix; C(ignore) changes nothing and returns RV(found=false) - a rolling
+        change drains a replica that a gateway not set up yet, or a route not written yet, does not have.
+    type: str
+    choices: [fail, ignore]
+    default: fail
 attributes:
   check_mode:
     support: full
@@ -104,6 +112,11 @@ after:
   returned: always
   type: dict
   sample: {admin: drain, status: DRAIN, sessions: 0, queue: 0, check_status: L7OK, check_code: "200", last_check: ""}
+found:
+  description: Whether HAProxy runs and has the server (false only with O(missing=ignore); then nothing else is returned but RV(msg)).
+  returned: always
+  type: bool
+  sample: true
 drained:
   description: For O(state=drain) or O(state=maint), whether the server had no session and no queued request left at the end.
   returned: when state is drain or maint, outside check mode
@@ -142,6 +155,10 @@ class Failure(Exception):
         self.result = result or {}
 
 
+class Missing(Failure):
+    """HAProxy is not running, or has no such backend or server: with missing=ignore, nothing to do."""
+
+
 def ask(path, command, timeout=10.0):
     """One command on the admin socket: HAProxy answers, then closes (non-interactive mode)."""
     fix = "start haproxy (systemctl start haproxy), or set the module's socket option to its stats socket"
@@ -157,13 +174,13 @@ def ask(path, command, timeout=10.0):
                     return b"".join(chunks).decode("utf-8", "replace")
                 chunks.append(chunk)
     except FileNotFoundError:
-        raise Failure("HAProxy's admin socket %s does not exist: haproxy is not running, or its configuration has no"
+        raise Missing("HAProxy's admin socket %s does not exist: haproxy is not running, or its configuration has no"
                       " 'stats socket %s level admin' - %s" % (path, path, fix))
     except PermissionError:
         raise Failure("HAProxy's admin socket %s: permission denied - run the task as root (become: true) or as a"
                       " member of the socket's group (haproxy)" % path)
     except ConnectionRefusedError:
-        raise Failure("HAProxy's admin socket %s refuses connections: haproxy is not running (the socket file is"
+        raise Missing("HAProxy's admin socket %s refuses connections: haproxy is not running (the socket file is"
                       " left over) - %s" % (path, fix))
     except socket.timeout:
         raise Failure("HAProxy's admin socket %s did not answer '%s' within %g s" % (path, command, timeout))
@@ -202,13 +219,13 @@ def server_state(stat_rows, state_rows, backend, server):
     """The server's state from the two answers; Failure naming what exists when it does not."""
     backends = [row["pxname"] for row in stat_rows if row.get("svname") == "BACKEND"]
     if backend not in backends:
-        raise Failure("HAProxy has no backend '%s' (its backends: %s) - fix the backend option (role gateway names"
+        raise Missing("HAProxy has no backend '%s' (its backends: %s) - fix the backend option (role gateway names"
                       " a gateway's routes <gateway>-<index>: see /etc/haproxy/haproxy.cfg)"
                       % (backend, ", ".join(backends)))
     servers = [row["srv_name"] for row in state_rows if row.get("be_name") == backend]
     stats = [row for row in stat_rows if row.get("pxname") == backend and row.get("svname") == server]
     if server not in servers or not stats:
-        raise Failure("HAProxy's backend '%s' has no server '%s' (its servers: %s) - fix the server option (role"
+        raise Missing("HAProxy's backend '%s' has no server '%s' (its servers: %s) - fix the server option (role"
                       " gateway names each server after its instance)" % (backend, server, ", ".join(servers) or "none"))
     (bits,) = [int(row["srv_admin_state"]) for row in state_rows if row["srv_name"] == server]
     stat = stats[0]
@@ -261,11 +278,16 @@ def main():
             wait=dict(type="bool", default=True),
             timeout=dict(type="int", default=60),
             poll_interval=dict(type="float", default=0.5),
+            missing=dict(type="str", default="fail", choices=["fail", "ignore"]),
         ),
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
+    except Missing as missing:
+        if module.params["missing"] == "fail":
+            module.fail_json(msg=str(missing), **missing.result)
+        module.exit_json(changed=False, found=False, waited=0.0, msg="nothing to do: %s" % missing)
     except Failure as failure:
         module.fail_json(msg=str(failure), **failure.result)
 
@@ -284,7 +306,7 @@ def run(module):
         return read_server(path, backend, server)
 
     before = read()
-    result = dict(changed=before["admin"] != wanted, before=before, after=before, waited=0.0)
+    result = dict(changed=before["admin"] != wanted, found=True, before=before, after=before, waited=0.0)
     if module._diff:
         result["diff"] = dict(before="%s: %s\n" % (name, before["admin"]), after="%s: %s\n" % (name, wanted))
     if module.check_mode:

@@ -73,9 +73,15 @@ def test_apply_a_group_with_tags_extra_vars_and_the_users_ansible_cfg(lab_hosts,
     (work / "ansible.cfg").write_text("[defaults]\nforks = 3\nlog_path = ./ansible.log\nhost_key_checking = False\n"
                                       "[ssh_connection]\nhost_key_checking = False\n")
     state = tmp_path / "state"
+    # every ssh Ansible starts (its own plugin or Mitogen's, which logs no command line) goes through this
+    # wrapper first on PATH: it writes the options, then runs the real ssh
+    wrapper, ssh_calls = tmp_path / "bin", tmp_path / "ssh-calls"
+    wrapper.mkdir()
+    (wrapper / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {ssh_calls}\nexec /usr/bin/ssh "$@"\n')
+    (wrapper / "ssh").chmod(0o755)
     result = provision("apply", "rack_a", "--tags", "sysctl", "-vvv",
                        "-e", '{"sysctl_settings": {"vm.swappiness": 7, "vm.max_map_count": 300000}}',
-                       cwd=work, env={"XDG_STATE_HOME": str(state)})
+                       cwd=work, env={"XDG_STATE_HOME": str(state), "PATH": f"{wrapper}:{os.environ['PATH']}"})
     assert result.returncode == 0, result.stdout + result.stderr
 
     assert "vm.swappiness = 7" in sysctl_file(first) and "vm.max_map_count = 300000" in sysctl_file(first)  # -e won
@@ -83,8 +89,10 @@ def test_apply_a_group_with_tags_extra_vars_and_the_users_ansible_cfg(lab_hosts,
     assert first.ssh("test -e /etc/modprobe.d/blacklist-nouveau.conf", check=False).returncode == 1  # only sysctl ran
     assert f"Using {work}/ansible.cfg as config file" in result.stdout  # Ansible's own words (-v)
     assert (work / "ansible.log").is_file() and "sysctl" in (work / "ansible.log").read_text()  # its log_path
-    checking = set(re.findall(r"StrictHostKeyChecking[ =]\w+", result.stdout))  # in ssh's command lines (-vvv)
-    assert checking == {"StrictHostKeyChecking yes"}  # the user's host_key_checking = False did not undo it
+    calls = ssh_calls.read_text().splitlines()
+    assert calls and all(f"UserKnownHostsFile={first.known_hosts}" in call for call in calls), calls  # the spec's
+    checking = {option.replace("=", " ") for call in calls for option in re.findall(r"StrictHostKeyChecking[ =]\w+", call)}
+    assert checking == {"StrictHostKeyChecking yes"}, calls  # the user's host_key_checking = False did not undo it
 
     log = run_log_of(result)
     assert log.parent == state / "vllm-provision" / "runs" and log.name.endswith("Z-provision.log")

@@ -281,6 +281,19 @@ def test_unknown_backend_server_and_unreachable_socket_fail_with_one_message(gat
     assert admin(gateway, "chat-1") == "ready"
 
 
+@needs_haproxy
+def test_with_missing_ignore_a_server_haproxy_lacks_or_a_haproxy_not_running_is_nothing_to_do(gateway, module, tmp_path):
+    """A rolling change drains each replica at its gateway: one a gateway does not have yet (a new instance,
+    whose route the gateway's play writes later) or a gateway not running yet has nothing to drain."""
+    for options in ({"server": "chat-9"}, {"backend": "public-9", "server": "chat-1"},
+                    {"socket": str(tmp_path / "missing.sock"), "server": "chat-1"}):
+        result = module(**options, state="drain", missing="ignore")
+        assert (result.get("failed", False), result["changed"], result["found"]) == (False, False, False), result
+        assert result["msg"].startswith("nothing to do: ")
+    found = module(server="chat-1", state="ready", missing="ignore")
+    assert found["found"] is True and found["changed"] is False
+
+
 def test_the_module_documentation_renders(tmp_path):
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections"))}
     name = f"{COLLECTION}.haproxy_server"
@@ -289,5 +302,6 @@ def test_the_module_documentation_renders(tmp_path):
     assert doc.returncode == 0, doc.stderr
     entry = json.loads(doc.stdout)[name]
     assert entry["doc"]["attributes"]["check_mode"]["support"] == "full"
-    assert set(entry["doc"]["options"]) == {"socket", "backend", "server", "state", "wait", "timeout", "poll_interval"}
-    assert set(entry["return"]) == {"before", "after", "drained", "waited", "msg"} and entry["examples"].strip()
+    assert set(entry["doc"]["options"]) == {"socket", "backend", "server", "state", "wait", "timeout", "poll_interval",
+                                            "missing"}
+    assert set(entry["return"]) == {"before", "after", "found", "drained", "waited", "msg"} and entry["examples"].strip()
