@@ -2,6 +2,9 @@
 `vllm-<version>-py3-none-any.whl` with that version's committed flag catalog inside, in a wheelhouse
 folder the role vllm_install installs from, as it would from a real one (`provision wheelhouse`).
 
+Also a broken one (`fails_at_start`): a TEST DOUBLE of a vLLM that installs and parses its flags but
+cannot start on the host, as an upgrade fails where the driver is too old for the new CUDA runtime.
+
 A wheel is a zip with the package, its metadata and a RECORD (PEP 427); standard library only.
 """
 
@@ -15,10 +18,24 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent / "vllm_package" / "vllm"
 CATALOGS = Path(__file__).resolve().parents[2] / "provisioner" / "vllm" / "catalogs"
+SERVER = "vllm/entrypoints/cli/standin_server.py"
+BROKEN = "-broken"  # how a broken wheel's wheelhouse folder ends: standin-wheelhouse-<version>-broken
 
 
-def build_standin_wheel(version: str, wheelhouse: Path) -> Path:
-    """Write the stand-in vllm==version wheel into `wheelhouse`; return its path."""
+def build_standin_wheel(version: str, wheelhouse: Path, fails_at_start: str | None = None) -> Path:
+    """Write the stand-in vllm==version wheel into `wheelhouse`; return its path.
+
+    With `fails_at_start` (the error's line, e.g. `RuntimeError: CUDA driver version is insufficient
+    for CUDA runtime version`), the TEST DOUBLE of a vLLM that cannot start: `vllm --version`, the flag
+    parser and the config check work as in the good wheel, but `vllm serve` writes a traceback whose last
+    line is that message to stderr and exits 1 without ever listening. Its file has the good wheel's name
+    (pip reads name and version from it), so it lives in a wheelhouse of its own, whose folder name ends
+    in BROKEN (and a good wheel's does not): a broken wheel never replaces a good one in the shared cache."""
+    if (fails_at_start is not None) != wheelhouse.name.endswith(BROKEN):
+        raise ValueError(f"{wheelhouse}: a wheelhouse whose name ends in {BROKEN!r} holds a broken wheel, "
+                         "and only such a one does")
+    if fails_at_start is not None and (not fails_at_start.strip() or "\n" in fails_at_start):
+        raise ValueError("fails_at_start: one line, the error vLLM ends with")
     wheelhouse.mkdir(parents=True, exist_ok=True)
     dist_info = f"vllm-{version}.dist-info"
     files = {
@@ -27,9 +44,14 @@ def build_standin_wheel(version: str, wheelhouse: Path) -> Path:
     }
     files["vllm/__init__.py"] = files["vllm/__init__.py"].replace(b'"0.0.0"', f'"{version}"'.encode())
     files["vllm/catalog.json"] = (CATALOGS / f"vllm-{version}.json").read_bytes()
+    summary = "TEST DOUBLE of vLLM for test hosts without a GPU (vllm-provision tests)"
+    if fails_at_start is not None:
+        unset = b"\nFAILS_AT_START = None "
+        assert files[SERVER].count(unset) == 1, f"{SERVER} has no FAILS_AT_START to set"
+        files[SERVER] = files[SERVER].replace(unset, f"\nFAILS_AT_START = {fails_at_start!r} ".encode())
+        summary += f", that cannot start: {fails_at_start}"
     files[f"{dist_info}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
-        "Summary: TEST DOUBLE of vLLM for test hosts without a GPU (vllm-provision tests)\n").encode()
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\nSummary: {summary}\n").encode()
     files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: vllm-provision tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     files[f"{dist_info}/entry_points.txt"] = b"[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
     record = [f"{name},sha256={_digest(data)},{len(data)}" for name, data in files.items()]

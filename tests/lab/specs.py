@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tests.doubles import nvidia_smi_standin
-from tests.doubles.vllm_wheel import build_standin_wheel
+from tests.doubles.vllm_wheel import BROKEN, build_standin_wheel
 from tests.lab.hosts import TestHost
 from tests.lab.rootfs import cache_dir
 
@@ -44,9 +44,12 @@ def install_vllm_by_hand(host: TestHost, version: str = "0.25.0") -> None:
              f"--no-index /root/{wheel.name}")
 
 
-def standin_wheelhouse(version: str = "0.25.0") -> Path:
-    """A wheelhouse holding the TEST DOUBLE vllm==version wheel (rebuilt each time: cheap)."""
-    return build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}").parent
+def standin_wheelhouse(version: str = "0.25.0", fails_at_start: str | None = None) -> Path:
+    """A wheelhouse holding the TEST DOUBLE vllm==version wheel (rebuilt each time: cheap); with
+    `fails_at_start`, the broken one whose `vllm serve` dies with that message (a failed upgrade), in
+    standin-wheelhouse-<version>-broken."""
+    folder = f"standin-wheelhouse-{version}" + (BROKEN if fails_at_start is not None else "")
+    return build_standin_wheel(version, cache_dir() / folder, fails_at_start=fails_at_start).parent
 
 
 def host_entry(host: TestHost, **settings) -> dict:

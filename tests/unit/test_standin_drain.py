@@ -6,20 +6,15 @@ same behaviour for each --shutdown-timeout the recording has."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.h200.drain import behaviour, round_of
+from tests.unit.standin import free_port, standin, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = json.loads((ROOT / "tests" / "fixtures" / "vllm" / "h200-drain" / "drain.json").read_text())
-STANDIN_PACKAGE = ROOT / "tests" / "doubles" / "vllm_package"
-CATALOG = ROOT / "provisioner" / "vllm" / "catalogs" / "vllm-0.25.0.json"
 RECORDED_TIMEOUTS = sorted({entry["shutdown_timeout_s"] for entry in RECORDING["rounds"]})
 
 
@@ -27,31 +22,6 @@ def recorded(timeout: int, signal: str) -> dict:
     (entry,) = [entry for entry in RECORDING["rounds"]
                 if entry["shutdown_timeout_s"] == timeout and entry["signal"] == signal]
     return entry
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def standin(port: int, shutdown_timeout: int, log: Path) -> subprocess.Popen:
-    """The stand-in server, started as a unit starts vLLM, 400 tokens per stream at 5 ms each (2 s)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m", "--host", "127.0.0.1", "--port", str(port),
-         "--shutdown-timeout", str(shutdown_timeout)],
-        env={**os.environ, "PYTHONPATH": str(STANDIN_PACKAGE), "VLLM_STANDIN_CATALOG": str(CATALOG),
-             "STANDIN_TTFT_MS": "5", "STANDIN_TPOT_MS": "5"},
-        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(200):
-        with socket.socket() as attempt:
-            if attempt.connect_ex(("127.0.0.1", port)) == 0:
-                return server
-        if server.poll() is not None:
-            raise AssertionError(f"the stand-in exited {server.returncode} while starting")
-        subprocess.run(["sleep", "0.05"])
-    server.kill()
-    raise AssertionError("the stand-in did not listen")
 
 
 def test_the_recording_shows_what_the_shutdown_timeout_changes():
@@ -68,11 +38,11 @@ def test_the_recording_shows_what_the_shutdown_timeout_changes():
 @pytest.mark.parametrize("timeout", RECORDED_TIMEOUTS)
 def test_the_standin_stops_as_the_real_server_stopped(timeout, tmp_path):
     port, log = free_port(), tmp_path / "standin.log"
-    server = standin(port, shutdown_timeout=timeout, log=log)
+    server = standin(port, log, "--shutdown-timeout", str(timeout))  # 400 tokens a stream at 5 ms each (2 s)
     try:
         result = round_of(port, server, whole_group=False, long_tokens=400, signal_after_s=0.5, watch_s=20)
     finally:
         if server.poll() is None:
-            server.kill()
+            stop(server)
     assert server.returncode == 0, log.read_text()
     assert behaviour(result) == behaviour(recorded(timeout, "SIGTERM to the API server")), json.dumps(result)[:3000]

@@ -1,0 +1,357 @@
+"""A steady, bounded load from the bastion (the test process): completions sent at a fixed rate to an
+OpenAI-compatible server (a gateway, or one vLLM), each request's outcome counted, for tests that prove a
+change costs no client request (rolling restarts behind a gateway).
+
+    with Load(f"http://{gateway.address}:8080", MODEL, KEY, rate=20, duration=300) as load:
+        ...                              # restart the hosts one by one
+        load.mark("gpu-a: restart")      # a labelled moment, shown on the timeline
+    report = load.report()
+    assert report.failed_total == 0, report.text()
+
+Open loop: a request every 1/rate s whatever the server does, each in a worker of its own (a bounded
+pool, large enough for `rate` requests a second that each take up to `timeout`), so a slow or stopped
+server shows as failed requests, never as a lower rate. `POST {url}/v1/completions` with `{"model",
+"prompt", "max_tokens", "stream"}` and `Authorization: Bearer KEY`, one connection a request.
+
+Bounded: sending ends at `stop()`, at the end of the `with` block, or `duration` s after `start()`
+(a safety bound: a test that fails before it stops the load leaves no load running); a request in flight
+ends within its `timeout`.
+
+Outcomes: `ok` is HTTP 200 and, for a stream, `data: [DONE]` seen after a finish_reason other than
+"abort" and every token (max_tokens text chunks, one a token as vLLM streams them, unless the model
+stopped on its own: finish_reason "stop"). A failure has a kind:
+  refused       the connection was refused (nothing listens: a stopped server)
+  closed        the connection closed before the status line
+  reset         the connection reset before the status line
+  http NNN      a status other than 200 (the gateway's 503: no replica up)
+  aborted       finish_reason "abort" (vLLM's --shutdown-timeout 0 cuts the streams in flight so)
+  truncated     the stream ended without [DONE] (the connection dropped mid-stream)
+  short         [DONE] after fewer tokens than max_tokens, finish_reason "length"
+  stream error  an error event in the stream
+  bad answer    a 200 whose body is not what vLLM sends
+  timeout       no end within `timeout` s of sending
+  error NAME    another exception (its class name)
+  bastion busy  no free worker when the request was due (the load's own limit, never the server's)
+Which replica answered is not recorded: neither vLLM nor the stand-in nor the gateway says it.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+OK = "ok"
+EXAMPLES = 5  # failed requests the report's text describes one by one
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: seconds since the load started when it was sent and when it ended, its outcome."""
+
+    sent_s: float
+    ended_s: float
+    outcome: str  # OK or a failure kind (the module's docstring)
+    detail: str = ""  # what the failure showed (an error, a status's body, how far a stream got)
+    tokens: int = 0  # text chunks streamed
+    status: int | None = None
+
+
+@dataclass
+class Second:
+    """One second of the timeline: the requests sent in it, by outcome, and the marks made in it."""
+
+    second: int
+    ok: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    marks: list[tuple[float, str]] = field(default_factory=list)
+
+    def line(self) -> str:
+        failed = sum(self.failed.values())
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(self.failed.items()))
+        text = f"{self.second:5d}s {self.ok:4d} ok" + (f" {failed:4d} failed ({kinds})" if failed else "")
+        marks = "; ".join(f"{at:.2f} {label}" for at, label in self.marks)
+        return f"{text:<44} << {marks}" if marks else text
+
+
+@dataclass(frozen=True)
+class Report:
+    """Totals and the per-second timeline (by the second each request was sent)."""
+
+    rate: float
+    sending_s: float  # how long requests were sent for
+    requests: list[Request]  # the ended ones, in the order they were sent
+    in_flight: int  # sent, not ended yet
+    marks: list[tuple[float, str]]
+    sent: int = field(init=False)
+    ok: int = field(init=False)
+    failed: dict[str, int] = field(init=False)  # kind → count
+    seconds: list[Second] = field(init=False)
+
+    def __post_init__(self):
+        failed: dict[str, int] = {}
+        for request in self.requests:
+            if request.outcome != OK:
+                failed[request.outcome] = failed.get(request.outcome, 0) + 1
+        object.__setattr__(self, "sent", len(self.requests) + self.in_flight)
+        object.__setattr__(self, "ok", len(self.requests) - sum(failed.values()))
+        object.__setattr__(self, "failed", dict(sorted(failed.items())))
+        object.__setattr__(self, "seconds", self._timeline())
+
+    @property
+    def failed_total(self) -> int:
+        return sum(self.failed.values())
+
+    def _timeline(self) -> list[Second]:
+        moments = [request.sent_s for request in self.requests] + [at for at, _ in self.marks]
+        seconds = [Second(second) for second in range(int(max(moments, default=-1)) + 1)]
+        for request in self.requests:
+            second = seconds[int(request.sent_s)]
+            if request.outcome == OK:
+                second.ok += 1
+            else:
+                second.failed[request.outcome] = second.failed.get(request.outcome, 0) + 1
+        for at, label in self.marks:
+            seconds[int(at)].marks.append((at, label))
+        return seconds
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{kind} {count}" for kind, count in self.failed.items())
+        took = sorted(request.ended_s - request.sent_s for request in self.requests if request.outcome == OK)
+        latency = f"; ok in {took[len(took) // 2]:.2f} s (median), {took[-1]:.2f} s (max)" if took else ""
+        return (f"load {self.rate:g}/s for {self.sending_s:.1f} s: {self.sent} sent, {self.ok} ok, "
+                f"{self.failed_total} failed" + (f" ({kinds})" if kinds else "")
+                + (f", {self.in_flight} in flight" if self.in_flight else "") + latency)
+
+    def lines(self) -> list[str]:
+        """The summary, one line a second (marks inline), then the first failed requests."""
+        failures = [request for request in self.requests if request.outcome != OK]
+        examples = [f"  {request.sent_s:7.2f}s {request.outcome} after {request.ended_s - request.sent_s:.2f} s"
+                    + (f": {request.detail}" if request.detail else "") for request in failures[:EXAMPLES]]
+        more = [f"  ... {len(failures) - EXAMPLES} more failed"] if len(failures) > EXAMPLES else []
+        return [self.summary(), *(second.line() for second in self.seconds), *examples, *more]
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    __str__ = text
+
+
+class Load:
+    """A steady load of completions (see the module's docstring); start() or `with`, then stop()."""
+
+    def __init__(self, url: str, model: str, api_key: str | None, rate: float = 20.0, duration: float | None = None,
+                 max_tokens: int = 16, stream: bool = True, timeout: float = 30, prompt: str = "ping"):
+        address = urllib.parse.urlsplit(url)
+        if address.scheme not in ("http", "https") or not address.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        if rate <= 0 or timeout <= 0 or (duration is not None and duration <= 0):
+            raise ValueError("rate, timeout and duration must be positive")
+        self.url, self.rate, self.duration, self.timeout = url, rate, duration, timeout
+        self.max_tokens, self.stream = max_tokens, stream
+        self._connection = http.client.HTTPSConnection if address.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port = address.hostname, address.port
+        self._path = address.path.rstrip("/") + "/v1/completions"
+        self._body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).encode()
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        # every request ends within `timeout` (+ a little): so many at once at the most
+        self.workers = math.ceil(rate * (timeout + 1)) + 2
+        self._slots = threading.BoundedSemaphore(self.workers)
+        self._pool: ThreadPoolExecutor | None = None
+        self._sender: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._changed = threading.Condition()
+        self._ended: list[tuple[int, Request]] = []  # (order sent, request)
+        self._in_flight = 0
+        self._sending_ended: float | None = None
+        self._marks: list[tuple[float, str]] = []
+        self._t0 = 0.0
+
+    # --- control
+
+    def start(self) -> Load:
+        if self._sender is not None:
+            raise RuntimeError("the load was started already")
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="load")
+        self._t0 = time.monotonic()
+        self._sender = threading.Thread(target=self._send, name="load-sender", daemon=True)
+        self._sender.start()
+        return self
+
+    def stop(self, wait: bool = True) -> Report:
+        """Send no more; with `wait`, wait for the requests in flight (each ends within `timeout`)."""
+        self._stopping.set()
+        if self._sender is not None:
+            self._sender.join()
+            if wait:
+                self.join()
+        return self.report()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until sending has ended (stop() or `duration`) and every request has ended; False if
+        `timeout` s passed first."""
+        if self._sender is None:
+            raise RuntimeError("the load was not started")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._sender.join(timeout)
+        with self._changed:
+            done = self._changed.wait_for(
+                lambda: self._sending_ended is not None and not self._in_flight,
+                None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if done:
+            self._pool.shutdown(wait=True)
+        return done
+
+    @property
+    def running(self) -> bool:
+        """Whether requests are still sent or in flight."""
+        with self._changed:
+            return self._sender is not None and (self._sending_ended is None or self._in_flight > 0)
+
+    def mark(self, label: str) -> float:
+        """Record a labelled moment (seconds since the start, returned) for the timeline."""
+        at = self.elapsed()
+        with self._changed:
+            self._marks.append((at, label))
+        return at
+
+    def elapsed(self) -> float:
+        if self._sender is None:
+            raise RuntimeError("the load was not started")
+        return time.monotonic() - self._t0
+
+    def report(self) -> Report:
+        """What has been counted so far (requests in flight as such)."""
+        with self._changed:
+            ended = [request for _, request in sorted(self._ended, key=lambda pair: pair[0])]
+            sending = (self._sending_ended if self._sending_ended is not None
+                       else time.monotonic() - self._t0 if self._sender is not None else 0.0)
+            return Report(rate=self.rate, sending_s=sending, requests=ended, in_flight=self._in_flight,
+                          marks=sorted(self._marks))
+
+    def __enter__(self) -> Load:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- sending
+
+    def _send(self) -> None:
+        """The open loop: request `index` is due `index / rate` s after the start."""
+        index = 0
+        try:
+            while True:
+                due = index / self.rate
+                if self.duration is not None and due >= self.duration:
+                    break
+                if self._stopping.wait(max(0.0, self._t0 + due - time.monotonic())):
+                    break
+                sent = time.monotonic() - self._t0
+                if not self._slots.acquire(blocking=False):
+                    self._record(index, Request(sent, sent, "bastion busy", f"{self.workers} requests in flight"))
+                else:
+                    with self._changed:
+                        self._in_flight += 1
+                    try:
+                        self._pool.submit(self._one, index, sent)
+                    except RuntimeError:  # the interpreter is exiting
+                        self._slots.release()
+                        self._record(index, Request(sent, sent, "bastion busy", "the interpreter is exiting"),
+                                     in_flight=True)
+                        break
+                index += 1
+        finally:
+            with self._changed:
+                self._sending_ended = time.monotonic() - self._t0
+                self._changed.notify_all()
+            self._pool.shutdown(wait=False)  # the workers end with the last request
+
+    def _record(self, index: int, request: Request, in_flight: bool = False) -> None:
+        with self._changed:
+            self._ended.append((index, request))
+            self._in_flight -= in_flight
+            self._changed.notify_all()
+
+    def _one(self, index: int, sent: float) -> None:
+        try:
+            outcome, detail, tokens, status = self._request(self._t0 + sent + self.timeout)
+        except Exception as error:  # noqa: BLE001 - counted, never lost in a worker
+            outcome, detail, tokens, status = f"error {type(error).__name__}", str(error)[:200], 0, None
+        finally:
+            self._slots.release()
+        ended = time.monotonic() - self._t0
+        self._record(index, Request(sent, ended, outcome, detail, tokens, status), in_flight=True)
+
+    def _request(self, deadline: float) -> tuple[str, str, int, int | None]:
+        """One completion: (outcome, detail, tokens, status)."""
+        connection = self._connection(self._host, self._port, timeout=self.timeout)
+        try:
+            connection.request("POST", self._path, body=self._body, headers=self._headers)
+            sock = connection.sock  # the connection lets go of it once the answer says it closes
+            response = connection.getresponse()
+            if response.status != 200:
+                return f"http {response.status}", response.read(200).decode(errors="replace"), 0, response.status
+            if not self.stream:
+                finish = json.loads(response.read())["choices"][0].get("finish_reason")
+                return ("aborted" if finish == "abort" else OK), "", 0, 200
+            return (*self._read_stream(sock, response, deadline), 200)
+        except ConnectionRefusedError:
+            return "refused", "", 0, None
+        except http.client.RemoteDisconnected as error:
+            return "closed", str(error), 0, None
+        except ConnectionResetError as error:
+            return "reset", str(error), 0, None
+        except TimeoutError:
+            return "timeout", f"no answer in {self.timeout:g} s", 0, None
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            return "bad answer", f"{type(error).__name__}: {error}"[:200], 0, 200
+        except (OSError, http.client.HTTPException) as error:
+            return f"error {type(error).__name__}", str(error)[:200], 0, None
+        finally:
+            connection.close()
+
+    def _read_stream(self, sock, response, deadline: float) -> tuple[str, str, int]:
+        """Server-Sent Events until [DONE]: (outcome, detail, tokens)."""
+        tokens, finish, done = 0, None, False
+        try:
+            while not done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                line = response.readline()
+                if not line:
+                    break
+                data = line.decode(errors="replace").strip()
+                if not data.startswith("data:"):
+                    continue
+                data = data[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    return "stream error", json.dumps(event["error"])[:200], tokens
+                for choice in event.get("choices") or []:
+                    tokens += bool(choice.get("text"))
+                    finish = choice.get("finish_reason") or finish
+        except TimeoutError:
+            return "timeout", f"{tokens} of {self.max_tokens} tokens in {self.timeout:g} s", tokens
+        except (OSError, http.client.HTTPException) as error:
+            return "truncated", f"{type(error).__name__} after {tokens} of {self.max_tokens} tokens", tokens
+        got = f"{tokens} of {self.max_tokens} tokens, finish_reason {finish}"
+        if finish == "abort":
+            return "aborted", got, tokens
+        if not done:
+            return "truncated", f"no [DONE] after {got}", tokens
+        if finish is None or (finish != "stop" and tokens < self.max_tokens):
+            return "short", got, tokens
+        return OK, "", tokens

@@ -1,0 +1,133 @@
+"""tests/lab/load.py, the bastion's steady load, against the TEST DOUBLE vLLM server on 127.0.0.1: exact
+counts for a rate and a duration, a SIGTERM mid-load as vLLM's two --shutdown-timeout behaviours show it
+to a client, failures by kind, and the report's text."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.lab.load import Load, Report, Request
+from tests.unit.standin import MODEL, free_port, running
+
+KEY = "sk-load-test"
+
+
+def url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def load_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("load")]
+
+
+def test_a_rate_for_a_duration_sends_that_many_and_stops_by_itself(tmp_path):
+    port = free_port()
+    with running(port, tmp_path / "standin.log", "--api-key", KEY):
+        load = Load(url(port), MODEL, KEY, rate=20, duration=2).start()
+        assert load.join(timeout=10), "the load did not stop by itself"
+        ended = load.elapsed()
+        report = load.report()
+        time.sleep(0.5)
+        assert load.report().sent == report.sent and not load.running
+    # a request every 50 ms from 0 to 1.95 s (one late, as on a busy machine, goes at once)
+    assert 1.95 <= report.sending_s <= ended < 5, (report.sending_s, ended)
+    assert (report.sent, report.ok, report.failed) == (40, 40, {}), report.text()
+    assert sum(second.ok for second in report.seconds) == 40 and report.seconds[0].ok >= 19, report.text()
+    assert all(request.tokens == 16 for request in report.requests)
+    assert load_threads() == []
+
+
+def signal_mid_load(tmp_path, shutdown_timeout: int) -> tuple[Report, float, int]:
+    """Streams of 300 tokens (1.5 s each at 5 ms a token) sent at 20/s for 1.5 s; SIGTERM to the server
+    once the last one streams; (the report once every request ended, the signal's moment, the server's exit)."""
+    port = free_port()
+    with running(port, tmp_path / "standin.log", "--shutdown-timeout", str(shutdown_timeout)) as server:
+        load = Load(url(port), MODEL, None, rate=20, duration=1.5, max_tokens=300).start()
+        deadline = time.monotonic() + 10
+        while load.report().sent < 30 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        signalled = load.mark("SIGTERM")
+        server.terminate()
+        assert load.join(timeout=20)
+        exit_code = server.wait(timeout=20)
+    return load.report(), signalled, exit_code
+
+
+def test_sigterm_with_shutdown_timeout_0_is_counted_as_aborted_streams(tmp_path):
+    report, signalled, exit_code = signal_mid_load(tmp_path, shutdown_timeout=0)
+    assert exit_code == 0
+    assert report.sent == 30 and set(report.failed) == {"aborted"}, report.text()
+    # the streams in flight at the signal (about 27: 1.5 s each, the last sent 0.2 s before), cut at
+    # once; every other one had ended before
+    aborted = [request for request in report.requests if request.outcome == "aborted"]
+    assert len(aborted) >= 10, report.text()
+    assert all(signalled <= request.ended_s < signalled + 1 and request.tokens < 300 for request in aborted), \
+        report.text()
+    cut = min(request.ended_s for request in aborted)
+    assert all(request.ended_s < cut + 0.1 for request in report.requests if request.outcome == "ok"), report.text()
+    assert "SIGTERM" in report.text() and "aborted" in report.text()
+
+
+def test_sigterm_with_shutdown_timeout_30_costs_no_request(tmp_path):
+    report, signalled, exit_code = signal_mid_load(tmp_path, shutdown_timeout=30)
+    assert exit_code == 0
+    assert (report.sent, report.ok, report.failed) == (30, 30, {}), report.text()
+    assert sum(request.ended_s > signalled + 0.3 for request in report.requests) >= 10, "nothing was in flight"
+    assert all(request.tokens == 300 for request in report.requests)
+
+
+def test_failures_by_kind(tmp_path):
+    nobody = free_port()
+    refused = Load(url(nobody), MODEL, KEY, rate=20, duration=0.5).start()
+    port = free_port()
+    with running(port, tmp_path / "standin.log", "--api-key", KEY, STANDIN_TTFT_MS="3000"):
+        with Load(url(port), MODEL, "sk-wrong", rate=20, duration=0.5) as unauthorized:
+            assert unauthorized.join(timeout=10)
+        slow = Load(url(port), MODEL, KEY, rate=10, duration=0.3, timeout=0.5).start()
+        assert slow.join(timeout=10)
+    assert refused.join(timeout=10)
+    assert (refused.report().sent, refused.report().failed) == (10, {"refused": 10})
+    assert (unauthorized.report().sent, unauthorized.report().failed) == (10, {"http 401": 10})
+    assert (slow.report().sent, slow.report().failed) == (3, {"timeout": 3})
+    assert all(0.5 <= request.ended_s - request.sent_s < 2.5 for request in slow.report().requests)  # TTFT: 3 s
+
+
+def test_unstreamed_completions_and_the_with_block(tmp_path):
+    port = free_port()
+    with running(port, tmp_path / "standin.log"):
+        with Load(url(port), MODEL, None, rate=20, stream=False) as load:  # no duration: the block bounds it
+            time.sleep(0.5)
+        report = load.report()
+    # a request every 50 ms until the block ended
+    assert not load.running and abs(report.sent - report.sending_s * 20) <= 1 and report.ok == report.sent, \
+        report.text()
+    assert load_threads() == []
+
+
+def test_bad_arguments_are_refused():
+    for arguments in ({"url": "127.0.0.1:8000"}, {"rate": 0}, {"duration": 0}, {"timeout": -1}):
+        with pytest.raises(ValueError):
+            Load(**{"url": "http://127.0.0.1:1", "model": MODEL, "api_key": None, **arguments})
+
+
+def test_the_report_reads_one_line_a_second_with_the_marks():
+    requests = [Request(0.0, 0.1, "ok"), Request(0.5, 0.6, "ok"),
+                Request(1.0, 1.2, "aborted", "3 of 16 tokens, finish_reason abort", 3),
+                Request(1.5, 1.5, "refused"), Request(2.0, 2.1, "ok")]
+    report = Report(rate=2, sending_s=2.5, requests=requests, in_flight=1,
+                    marks=[(0.9, "gpu-a: restart"), (2.2, "gpu-a: up"), (3.4, "done")])
+    assert (report.sent, report.ok, report.failed, report.failed_total) == (6, 3, {"aborted": 1, "refused": 1}, 2)
+    assert report.text().splitlines() == [
+        "load 2/s for 2.5 s: 6 sent, 3 ok, 2 failed (aborted 1, refused 1), 1 in flight; "
+        "ok in 0.10 s (median), 0.10 s (max)",
+        "    0s    2 ok                               << 0.90 gpu-a: restart",
+        "    1s    0 ok    2 failed (aborted 1, refused 1)",
+        "    2s    1 ok                               << 2.20 gpu-a: up",
+        "    3s    0 ok                               << 3.40 done",
+        "     1.00s aborted after 0.20 s: 3 of 16 tokens, finish_reason abort",
+        "     1.50s refused after 0.00 s",
+    ]
