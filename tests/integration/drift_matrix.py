@@ -34,7 +34,7 @@ RELOAD_AND_RESTART = f"systemctl daemon-reload && systemctl restart {UNIT}"
 OWN_DROPIN_DIR = f"/etc/systemd/system/{UNIT}.d"
 OWN_DROPIN = f"{OWN_DROPIN_DIR}/override.conf"
 SHARED_DROPIN = "/etc/systemd/system/vllm-.service.d/gpu.conf"
-COMMAND_LINE = "/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml"
+COMMAND_LINE = "/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml"
 # helper C2's section: the GPU boot unit, the venv's vLLM, managed files
 GPU_BOOT_UNIT = "nvidia-gpu-limits.service"
 GPU_SCRIPT = "/usr/local/lib/vllm-provision/nvidia-gpu-limits"
@@ -168,8 +168,8 @@ DRIFTS: list[Drift] = [
           {f"{GPU_BOOT_UNIT}: enabled": ("enabled", "disabled")},
           "enables it again (the power limits come back at the next boot)", tags=("nvidia_gpu",)),
     Drift("another vLLM version installed in the venv",
-          f"/opt/vllm/venv/bin/pip install -q --no-index {OTHER_VLLM_WHEEL}",
-          {"vLLM in /opt/vllm/venv": ("0.25.0", "0.33.0")},
+          f"/opt/vllm/venvs/0.25.0/bin/pip install -q --no-index {OTHER_VLLM_WHEEL}",
+          {"vLLM in /opt/vllm/venvs/0.25.0": ("0.25.0", "0.33.0")},
           "installs the pinned version again, restarts the instances on it", tags=("vllm_install", "vllm_service")),
     Drift("a managed script edited",
           f"echo '# local change' >> {WAIT_READY}",

@@ -187,7 +187,7 @@ def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
     assert checks[f"{UNIT}: User"]["actual"] == "vllm"
     assert checks[f"{UNIT}: Environment CUDA_VISIBLE_DEVICES"]["actual"] == fake_gpu_uuid(host)
     assert checks[f"{UNIT}: Environment CUDA_DEVICE_ORDER"]["actual"] == "PCI_BUS_ID"
-    assert checks[f"{UNIT}: ExecStart"]["actual"] == "/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml"
+    assert checks[f"{UNIT}: ExecStart"]["actual"] == "/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml"
     # where it listens and what it serves: read from that config file
     assert checks[f"{UNIT}: listening"]["actual"] == f"{host.address}:8000"
     assert checks[f"{UNIT}: GET http://{host.address}:8000/v1/models"]["actual"] == MODEL

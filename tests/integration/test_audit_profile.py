@@ -23,7 +23,7 @@ import pytest
 from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED
 from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
-from tests.lab.specs import VLLM_BIN, fake_gpu_uuid, install_standin, install_vllm_by_hand
+from tests.lab.specs import HAND_VLLM_BIN, fake_gpu_uuid, install_standin, install_vllm_by_hand
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 KEY = "sk-shell-started-9f3e1c"
@@ -78,7 +78,7 @@ def host(lab):
 @pytest.fixture(scope="module")
 def shell_pid(host) -> int:
     """As the seed-3 write-up ran it: nohup from an ssh shell as root, on every interface, the key on the command line."""
-    pid = int(host.ssh(f"nohup {VLLM_BIN} serve facebook/opt-125m --host 0.0.0.0 --port 8001 --api-key {KEY}"
+    pid = int(host.ssh(f"nohup {HAND_VLLM_BIN} serve facebook/opt-125m --host 0.0.0.0 --port 8001 --api-key {KEY}"
                        " --gpu-memory-utilization 0.3 > /root/shell.log 2>&1 < /dev/null & echo $!").stdout)
     wait_listening(host, 8001)
     return pid
@@ -103,7 +103,7 @@ def test_a_server_started_from_a_shell_is_named_with_what_is_wrong(host, shell_p
         f"{server}: bind address": (BIND, "0.0.0.0:8001: every interface, /v1 needs the API key", "passed"),
         f"{server}: command line": (
             "no --api-key (it shows in ps); put VLLM_API_KEY in an EnvironmentFile",
-            f"/opt/vllm/venv/bin/python3 {VLLM_BIN} serve facebook/opt-125m --host 0.0.0.0 --port 8001 "
+            f"/opt/vllm/venv/bin/python3 {HAND_VLLM_BIN} serve facebook/opt-125m --host 0.0.0.0 --port 8001 "
             "--api-key <redacted> --gpu-memory-utilization 0.3", "failed"),
         f"{server}: Environment CUDA_VISIBLE_DEVICES": (
             "GPU UUIDs (GPU-…/MIG-…), not indexes that change with the PCI order", "(unset)", "failed"),
@@ -144,14 +144,14 @@ def test_every_server_counts_once_whatever_runs_it(host, shell_pid, tmp_path):
     wait_listening(host, 8000)
     uuid = fake_gpu_uuid(host)
     wrapper = int(host.ssh(
-        f"CUDA_VISIBLE_DEVICES={uuid} CUDA_DEVICE_ORDER=PCI_BUS_ID setsid bash -c '{VLLM_BIN} serve facebook/opt-125m"
+        f"CUDA_VISIBLE_DEVICES={uuid} CUDA_DEVICE_ORDER=PCI_BUS_ID setsid bash -c '{HAND_VLLM_BIN} serve facebook/opt-125m"
         " --host 127.0.0.1 --port 8002 --gpu-memory-utilization 0.25; echo stopped' > /root/wrapped.log 2>&1"
         " < /dev/null & echo $!").stdout)
-    timeout = int(host.ssh(f"nohup timeout 1d {VLLM_BIN} serve facebook/opt-125m --host 127.0.0.1 --port 8003"
+    timeout = int(host.ssh(f"nohup timeout 1d {HAND_VLLM_BIN} serve facebook/opt-125m --host 127.0.0.1 --port 8003"
                            " --gpu-memory-utilization 0.2 > /root/timeout.log 2>&1 < /dev/null & echo $!").stdout)
-    host.ssh(f"systemd-run --unit={TRANSIENT} {VLLM_BIN} serve facebook/opt-125m --host 127.0.0.1 --port 8004"
+    host.ssh(f"systemd-run --unit={TRANSIENT} {HAND_VLLM_BIN} serve facebook/opt-125m --host 127.0.0.1 --port 8004"
              " --gpu-memory-utilization 0.1")
-    scoped = int(host.ssh(f"nohup systemd-run --scope --unit=llm-adhoc {VLLM_BIN} serve facebook/opt-125m --host"
+    scoped = int(host.ssh(f"nohup systemd-run --scope --unit=llm-adhoc {HAND_VLLM_BIN} serve facebook/opt-125m --host"
                           " 127.0.0.1 --port 8005 --gpu-memory-utilization 0.1 > /root/scope.log 2>&1 < /dev/null & echo $!")
                  .stdout)
     for port in (8002, 8003, 8004, 8005):

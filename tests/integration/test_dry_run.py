@@ -29,7 +29,7 @@ ENV_FILE = "/etc/vllm/chat.env"
 SYSCTL_FILE = "/etc/sysctl.d/60-vllm-provision.conf"
 SECRET = "sk-dry-run-secret-77"
 # written by the real run, but not by a file task of ours: pip's venv, useradd's databases, systemctl enable's links
-NOT_A_FILE_TASK = re.compile(r"^(opt/vllm/venv/|etc/(passwd|group|shadow|gshadow)-?$|etc/systemd/system/.*\.wants/)")
+NOT_A_FILE_TASK = re.compile(r"^(opt/vllm/venvs/[^/]+/|etc/(passwd|group|shadow|gshadow)-?$|etc/systemd/system/.*\.wants/)")
 
 
 def check_diff(spec_file) -> subprocess.CompletedProcess:
@@ -148,11 +148,11 @@ def test_dry_run_stops_on_a_config_file_the_installed_vllm_rejects(host_and_spec
 def test_dry_run_exits_non_zero_where_the_real_run_stops(host_and_spec):
     host, spec_file = host_and_spec
     # vLLM's executable is gone but its package is still installed: vllm_install keeps it, vllm_service stops
-    host.ssh("rm /opt/vllm/venv/bin/vllm")
+    host.ssh("rm /opt/vllm/venvs/0.25.0/bin/vllm")
 
     checked = check_diff(spec_file)
 
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert "vLLM is not installed at /opt/vllm/venv/bin/vllm" in checked.stdout
+    assert "vLLM is not installed at /opt/vllm/venvs/0.25.0/bin/vllm" in checked.stdout
     real = apply_spec(load_spec(spec_file))
-    assert not real.succeeded and "vLLM is not installed at /opt/vllm/venv/bin/vllm" in real.problems[0].message
+    assert not real.succeeded and "vLLM is not installed at /opt/vllm/venvs/0.25.0/bin/vllm" in real.problems[0].message

@@ -154,7 +154,7 @@ def test_systemd_holds_exactly_the_description_environment_and_command_lines(ins
         # nothing added: one ExecStart=, one ExecStartPost=, no ExecStartPre= or ExecStop=
         assert held["ExecStartPre"] == [] and held["ExecStop"] == [], held
         (start,) = held["ExecStart"]
-        assert start == ["/opt/vllm/venv/bin/vllm", "serve", "--config", f"/etc/vllm/{unit.instance}.yaml"]
+        assert start == ["/opt/vllm/venvs/0.25.0/bin/vllm", "serve", "--config", f"/etc/vllm/{unit.instance}.yaml"]
         assert len(held["ExecStartPost"]) == 1, held
         model = value if unit.instance.startswith("m") else "Qwen/Qwen3-1.7B"
         assert held["Description"] == f"vLLM {unit.instance}: {model} on port {ports[unit.instance]}"

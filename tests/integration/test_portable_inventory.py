@@ -74,6 +74,6 @@ def test_an_inventory_moved_with_its_spec_folder_still_applies(lab_host, tmp_pat
     assert "failed=0" in applied.stdout and "unreachable=0" in applied.stdout
     assert host.ssh("systemctl is-active vllm-chat.service").stdout.strip() == "active"
     assert f"VLLM_API_KEY={API_KEY}" in host.ssh("cat /etc/vllm/chat.env").stdout  # read from the moved file
-    assert host.ssh("/opt/vllm/venv/bin/pip show vllm").stdout.count("Version: 0.25.0") == 1  # from the moved wheelhouse
+    assert host.ssh("/opt/vllm/venvs/0.25.0/bin/pip show vllm").stdout.count("Version: 0.25.0") == 1  # from the moved wheelhouse
     assert not marker.exists()
     assert "lookup('pipe', 'touch " in host.ssh("systemctl show -p Environment vllm-chat.service").stdout

@@ -26,7 +26,7 @@ from tests.lab.specs import VLLM_INSTALL_PATH, host_entry, write_spec
 VERSION = "0.25.0"
 WHEELHOUSE = os.environ.get("VP_REAL_WHEELHOUSE", "")
 CHECK_ARGS = ROLES_DIR / "vllm_service" / "files" / "vllm-check-args.py"
-VENV_PYTHON = f"{VLLM_INSTALL_PATH}/venv/bin/python"
+VENV_PYTHON = f"{VLLM_INSTALL_PATH}/venvs/{VERSION}/bin/python"
 
 
 def _has_vllm_wheel(folder: str) -> bool:
@@ -97,8 +97,8 @@ def test_offline_install_of_the_real_vllm_and_its_parser(boot, tmp_path):
     version = host.ssh(f"{VENV_PYTHON} -c \"import importlib.metadata as m; print(m.version('vllm'))\"").stdout.strip()
     assert version == VERSION
     assert host.ssh(f"test -e {VLLM_INSTALL_PATH}/wheelhouse-{VERSION}; echo $?").stdout.strip() == "1"
-    venv_size = host.ssh(f"du -sh {VLLM_INSTALL_PATH}/venv").stdout.split()[0]
-    print(f"[install] vllm {version} in {VLLM_INSTALL_PATH}/venv: {venv_size}")
+    venv_size = host.ssh(f"du -sh {VLLM_INSTALL_PATH}/venvs/{VERSION}").stdout.split()[0]
+    print(f"[install] vllm {version} in {VLLM_INSTALL_PATH}/venvs/{VERSION}: {venv_size}")
 
     started = time.monotonic()
     second = run_playbook(inventory, playbook=playbook)

@@ -53,7 +53,7 @@ def test_install_from_a_wheelhouse_check_mode_idempotence_and_an_upgrade(boot, t
 
     results: list[TaskResult] = []
     assert apply_spec(spec, on_result=results.append).succeeded
-    assert host.ssh("/opt/vllm/venv/bin/vllm --version").stdout.strip() == "0.25.0"
+    assert host.ssh("/opt/vllm/venvs/0.25.0/bin/vllm --version").stdout.strip() == "0.25.0"
     assert host.ssh("test -e /opt/vllm/wheelhouse-0.25.0; echo $?").stdout.strip() == "1"  # removed once installed
     installed = next(result for result in results if result.role == "vllm_install" and result.task.startswith("Install vLLM"))
     assert installed.status == "changed"
@@ -69,7 +69,7 @@ def test_install_from_a_wheelhouse_check_mode_idempotence_and_an_upgrade(boot, t
     upgraded = spec_for(host, tmp_path / "spec-0.33.yml", version="0.33.0")
     pid = main_pid(host)
     assert apply_spec(upgraded).succeeded
-    assert host.ssh("/opt/vllm/venv/bin/vllm --version").stdout.strip() == "0.33.0"
+    assert host.ssh("/opt/vllm/venvs/0.33.0/bin/vllm --version").stdout.strip() == "0.33.0"
     assert process_of(host)["version"] == "0.33.0" and main_pid(host) != pid  # restarted on the new vLLM
     assert apply_spec(upgraded).changed == 0
 
@@ -114,4 +114,4 @@ def test_the_service_role_alone_says_where_vllm_is_missing(boot, tmp_path):
 
     assert not run.succeeded
     failed = next(result for result in results if result.status == "failed")
-    assert "vLLM is not installed at /opt/vllm/venv/bin/vllm" in failed.message
+    assert "vLLM is not installed at /opt/vllm/venvs/0.25.0/bin/vllm" in failed.message

@@ -15,7 +15,8 @@ from tests.lab.rootfs import cache_dir
 GPU_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 VLLM_INSTALL_PATH = "/opt/vllm"
 MODEL = "Qwen/Qwen3-1.7B"  # small enough for the planner to fit three instances on the (stand-in) RTX 3090
-VLLM_BIN = f"{VLLM_INSTALL_PATH}/venv/bin/vllm"
+VLLM_BIN = f"{VLLM_INSTALL_PATH}/venvs/0.25.0/bin/vllm"  # what role vllm_install installs (0.25.0)
+HAND_VLLM_BIN = f"{VLLM_INSTALL_PATH}/venv/bin/vllm"  # install_vllm_by_hand's
 
 
 def fake_gpu_uuid(host: TestHost) -> str:
