@@ -90,7 +90,7 @@ def test_apply_a_group_with_tags_extra_vars_and_the_users_ansible_cfg(lab_hosts,
     assert f"Using {work}/ansible.cfg as config file" in result.stdout  # Ansible's own words (-v)
     assert (work / "ansible.log").is_file() and "sysctl" in (work / "ansible.log").read_text()  # its log_path
     calls = ssh_calls.read_text().splitlines()
-    assert calls and all(f"UserKnownHostsFile={first.known_hosts}" in call for call in calls), calls  # the spec's
+    assert calls and all(f'UserKnownHostsFile "{first.known_hosts}"' in call for call in calls), calls  # the spec's
     checking = {option.replace("=", " ") for call in calls for option in re.findall(r"StrictHostKeyChecking[ =]\w+", call)}
     assert checking == {"StrictHostKeyChecking yes"}, calls  # the user's host_key_checking = False did not undo it
 

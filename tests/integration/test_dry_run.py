@@ -53,9 +53,10 @@ def changed_lines(output: str, host: str) -> int:
 
 
 def shown_files(output: str) -> set[str]:
-    """The destinations the dry run shows a change for: diffs, attribute changes, env files' "content changes"."""
+    """The destinations the dry run shows a change for: diffs, attribute and state changes (a link made), env
+    files' "content changes"."""
     diffs = re.findall(r"^\+\+\+ (/\S+) \(after apply\)$", output, flags=re.MULTILINE)
-    others = re.findall(r"^\s*(/\S+): (?:content changes|mode |owner )", output, flags=re.MULTILINE)
+    others = re.findall(r"^\s*(/\S+): (?:content changes|mode |owner |state \S+ -> link)", output, flags=re.MULTILINE)
     return {path.lstrip("/") for path in diffs + others}
 
 

@@ -100,7 +100,7 @@ def test_a_loop_templates_diff_is_shown_labelled_with_its_destination():
     assert units.status == "changed"
     assert text.startswith("--- /etc/systemd/system/vllm-chat.service (now)\n"
                            "+++ /etc/systemd/system/vllm-chat.service (after apply)\n")
-    assert "+ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
+    assert "+ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
     assert "/root/.ansible/tmp" not in text
     config = rendered(recorded("fresh-host-check-diff")["Write the config files"])
     assert "+++ /etc/vllm/chat.yaml (after apply)\n" in config
@@ -114,8 +114,8 @@ def test_a_new_file_of_a_plain_template_is_labelled_with_its_destination():
 
 def test_a_drifted_unit_file_shows_the_line_apply_puts_back():
     text = rendered(recorded("drifted-host-check-diff")["Write the units"])
-    assert "-ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml --enforce-eager\n" in text
-    assert "+ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
+    assert "-ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml --enforce-eager\n" in text
+    assert "+ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
 
 
 def test_the_censored_env_files_count_as_changed_and_show_only_that_their_content_changes():

@@ -36,7 +36,7 @@ BOOT_UNIT_STATE = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Res
 # the venv's vLLM version without importing vllm (slow; the real one may need CUDA)
 # the venvs of role vllm_install: where `current` and `previous` link, every version's venv, the
 # unversioned venv of earlier releases; one KEY=VALUE line each (venvs: space-separated folder names)
-VLLM_VENVS = ("echo current=$(readlink -e {current}); echo previous=$(readlink -e {previous}); "
+VLLM_VENVS = ("echo current=$(readlink {current}); echo previous=$(readlink {previous}); "
               "echo venvs=$(ls -1 {venvs} 2>/dev/null | sort -V); [ -d {unversioned} ] && echo unversioned={unversioned}; true")
 VLLM_VERSION = """\
 import importlib.metadata as metadata

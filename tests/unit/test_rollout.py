@@ -1,0 +1,84 @@
+"""A rolling apply's options, what the site playbook gets from them, each host's turn read from the run's
+events, and the report of what was done where (the rollout itself runs on lab hosts:
+tests/integration/test_rollout.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from provisioner.apply import ApplyResult, HostStats
+from provisioner.cli.apply_view import rollout_rows
+from provisioner.paths import PLAYBOOKS_DIR
+from provisioner.rollout import HOSTS_PLAY, HostTurn, Rollout, Timeline
+from tests.unit.test_cli_controls import invoke, two_hosts
+
+
+@pytest.mark.parametrize("rollout, problem", [
+    (Rollout(batch="0"), "--batch 0: give a number of hosts (1 or more) or a percentage of them (1%-100%)"),
+    (Rollout(batch="101%"), "--batch 101%: give a number of hosts (1 or more) or a percentage of them (1%-100%)"),
+    (Rollout(batch="two"), "--batch two: give a number of hosts (1 or more) or a percentage of them (1%-100%)"),
+    (Rollout(max_fail="-1"), "--max-fail -1: give a number of hosts (0 or more) or a percentage of them (0%-100%)"),
+    (Rollout(max_fail="150%"), "--max-fail 150%: give a number of hosts (0 or more) or a percentage of them (0%-100%)"),
+    (Rollout(canary=0), "--canary 0: give 1 or more hosts"),
+])
+def test_bad_rollout_options_name_the_option_and_the_fix(rollout, problem):
+    assert rollout.problems() == [problem]
+
+
+def test_the_site_playbook_gets_the_batches_a_canary_first_and_the_failures_allowed():
+    assert Rollout().problems() == []
+    assert json.loads(Rollout().extra_vars()) == {"rollout_batches": [1, 1], "rollout_max_fail": 0}
+    assert json.loads(Rollout(batch="25%", max_fail="10%").extra_vars()) == {
+        "rollout_batches": [1, "25%"], "rollout_max_fail": "10%"}
+
+
+def test_the_hosts_play_runs_in_the_rollouts_batches_and_nothing_else_changes_without_one():
+    hosts_play, gateways_play = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text(encoding="utf-8"))
+    assert hosts_play["name"] == HOSTS_PLAY  # the play Timeline counts the batches of
+    assert hosts_play["serial"] == "{{ rollout_batches | default([], true) or 0 }}"  # 0: every host at once
+    turn = [task for task in hosts_play["pre_tasks"] + hosts_play["post_tasks"] if "rollout" in str(task)]
+    assert [task["ansible.builtin.include_role"]["tasks_from"] for task in turn] == ["start.yml", "finish.yml"]
+    assert all(task["when"] == "rollout_batches | default([], true) | length > 0" for task in turn)
+    assert "serial" not in gateways_play  # after the batches, once
+
+
+def event(name: str, **data) -> dict:
+    return {"event": name, "event_data": data}
+
+
+def test_each_hosts_turn_is_its_batch_and_its_first_and_last_event():
+    timeline = Timeline()
+    timeline.read(event("playbook_on_play_start", play=HOSTS_PLAY))
+    timeline.read(event("runner_on_start", host="gpu1"))
+    timeline.read(event("runner_on_ok", host="gpu1"))
+    timeline.read(event("playbook_on_play_start", play=HOSTS_PLAY))  # the next batch
+    timeline.read(event("runner_on_ok", host="gpu2"))
+    timeline.read(event("playbook_on_play_start", play="Provision the gateways"))
+    timeline.read(event("runner_on_ok", host="gpu2"))  # the gateways' play: not the host's turn
+    assert {host: turn.batch for host, turn in timeline.turns.items()} == {"gpu1": 1, "gpu2": 2}
+    first, second = timeline.turns["gpu1"], timeline.turns["gpu2"]
+    assert first.started <= first.ended <= second.started == second.ended
+
+
+def test_the_report_says_what_was_done_where_and_which_hosts_the_rollout_never_reached():
+    result = ApplyResult(rc=2, stats={"gpu1": HostStats(ok=70, changed=3), "gpu2": HostStats(ok=60, failed=1)},
+                         turns={"gpu1": HostTurn(1, 1.0, 20.0), "gpu2": HostTurn(2, 20.1, 35.5)})
+    assert rollout_rows(result, ["gpu3", "gpu2", "gpu1"]) == [
+        {"host": "gpu1", "batch": 1, "from": 1.0, "to": 20.0, "outcome": "changed 3"},
+        {"host": "gpu2", "batch": 2, "from": 20.1, "to": 35.5, "outcome": "failed"},
+        {"host": "gpu3", "batch": None, "from": None, "to": None,
+         "outcome": "untouched: the rollout stopped before its batch"}]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "2"], "--batch and --max-fail say how a rolling apply goes — add --rolling"),
+    (["--rolling", "--batch", "0"], "--batch 0: give a number of hosts (1 or more) or a percentage of them (1%-100%)"),
+    (["--rolling", "--max-fail", "x"], "--max-fail x: give a number of hosts (0 or more) or a percentage of them (0%-100%)"),
+])
+def test_bad_rolling_options_exit_2_before_any_host(tmp_path, args, message):
+    result = invoke("apply", *args, "--spec", two_hosts(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(message), result.output
