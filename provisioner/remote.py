@@ -1,6 +1,7 @@
 """Reaching a spec host: its SSH connection and the ssh options every command that connects uses
 (host keys checked strictly: provisioner/hostkeys.py), and running commands there — over SSH, or right
-here when the host is this machine (a loopback address or localhost: `provision` runs on the GPU server itself).
+here when the host is this machine (a loopback address or localhost on SSH's own port 22: `provision` runs
+on the GPU server itself; a loopback address on another port is a forwarded port to another machine).
 
 Commands are shell text run by bash on the host; secrets travel on stdin, never on a command line.
 """
@@ -17,6 +18,7 @@ from provisioner.hostkeys import Endpoint, explain_refusal, ssh_options, trust_c
 from provisioner.spec import Host
 
 CONNECT_TIMEOUT_S = 5
+SSH_PORT = 22
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class Connection:
 def spec_connection(host: Host) -> Connection:
     ssh = host.ssh
     return Connection(host.address, ssh.user, ssh.port, ssh.key, ssh.known_hosts, ssh.become)
+
+
+def runs_here(host: Host) -> bool:
+    """Whether `host` is this machine: a loopback address on SSH's port (another port on loopback is a
+    forwarded port, e.g. to a virtual machine, reached over SSH as Ansible reaches it)."""
+    return is_loopback(host.address) and host.ssh.port == SSH_PORT
 
 
 def connection_options(connection: Connection) -> list[str]:
@@ -66,7 +74,7 @@ class HostShell:
 
     @classmethod
     def for_host(cls, host: Host, spec_path: str | Path | None = None) -> "HostShell":
-        return cls(host.name, spec_connection(host), local=is_loopback(host.address),
+        return cls(host.name, spec_connection(host), local=runs_here(host),
                    trust_command=trust_command(spec_path, host.name))
 
     def argv(self, command: str) -> list[str]:

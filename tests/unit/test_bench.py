@@ -188,6 +188,8 @@ def test_the_bench_runs_here_for_a_loopback_host_and_over_ssh_otherwise():
     remote = _spec().hosts[0]
     local = remote.model_copy(update={"address": "127.0.0.1"})
     assert HostShell.for_host(local).argv("true") == ["bash", "-c", "true"]
+    forwarded = local.model_copy(update={"ssh": local.ssh.model_copy(update={"port": 52549})})  # e.g. a VM's port
+    assert HostShell.for_host(forwarded).argv("true")[-3:] == ["127.0.0.1", "--", "true"]
     argv = HostShell.for_host(remote).argv("true")
     assert argv[0] == "ssh" and argv[-3:] == ["10.0.0.5", "--", "true"]
     assert "BatchMode yes" in argv
