@@ -25,7 +25,15 @@ from provisioner.selection import select_hosts
 from provisioner.ansible_config import ansible_environment, collections_paths
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import write_inventory
-from provisioner.preflight import check_preflight
+from provisioner.preflight import (
+    DriverReader,
+    check_preflight,
+    check_readings,
+    driver_checks,
+    hosts_to_read,
+    read_driver,
+    read_drivers,
+)
 from provisioner.rollout import HostTurn, Rollout, Timeline
 from provisioner.spec import Host, Spec
 
@@ -425,8 +433,8 @@ def run_playbook(
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:
     """The hosts `hosts` stand for, once the names, the controls, the user's Ansible configuration and
-    the preflight (provisioner.preflight: memory) allow a run: else SelectionError, ControlError,
-    AnsibleConfigError or PreflightError, and no host is touched."""
+    the preflight (provisioner.preflight: memory, and the drivers the spec names) allow a run: else
+    SelectionError, ControlError, AnsibleConfigError or PreflightError, and no host is touched."""
     chosen = select_hosts(spec, hosts)
     check_controls(controls)
     ansible_environment()  # the user's configuration is usable, before any host is contacted
@@ -443,13 +451,17 @@ def apply_spec(
     controls: Controls = Controls(),
     on_result: Callable[[TaskResult], None] | None = None,
     on_output: Callable[[str], None] | None = None,
+    read_driver: DriverReader = read_driver,
 ) -> ApplyResult:
     """Generate the spec's inventory into a private folder and run the playbook on `hosts` (host or
     group names, `all`; none: every host of the spec).
 
     First `check_apply` (nothing touched when it raises); then every chosen host's key (all at once):
     a host whose key is unknown or changed is not run on; it is reported unreachable, with the
-    fingerprints and the fix, and the others go on."""
+    fingerprints and the fix, and the others go on. Then the NVIDIA driver of each host whose driver the
+    spec does not name (`read_driver`, one command each, all at once): one that cannot be read is
+    reported unreachable, as a refused key; one too old (or none) raises PreflightError before the
+    playbook runs on any host."""
     chosen = check_apply(spec, hosts, controls)
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec.source_path, host.name)) for host in chosen])
@@ -459,6 +471,8 @@ def apply_spec(
         if on_result is not None:
             on_result(refusal)
     allowed = [host.name for host in chosen if not checks[host.name].refused]
+    refusals += read_host_drivers(spec, [host for host in chosen if host.name in allowed], read_driver, on_result)
+    allowed = [name for name in allowed if name not in {refusal.host for refusal in refusals}]
     if not allowed:
         result = ApplyResult(rc=1)
     else:
@@ -472,3 +486,24 @@ def apply_spec(
                     for host in chosen if host.name in refused_stats or host.name in result.stats}
     result.problems[:0] = refusals
     return result
+
+
+READ_DRIVER_TASK = "read the NVIDIA driver"
+
+
+def read_host_drivers(spec: Spec, hosts: list[Host], read: DriverReader,
+                      on_result: Callable[[TaskResult], None] | None) -> list[TaskResult]:
+    """Read the driver of the `hosts` whose driver the spec does not name, say what was read (and its
+    warnings) per host, and refuse (PreflightError) when one is too old or missing. Returns the hosts
+    whose driver could not be read, as unreachable."""
+    to_read = hosts_to_read(spec, hosts)
+    readings = read_drivers(spec, to_read, read)
+    refusals = [TaskResult(name, "", READ_DRIVER_TASK, "unreachable", why) for name, why in readings.failed.items()]
+    read_hosts = [host for host in to_read if host.name in readings.found]
+    said = [TaskResult(check.host, "", READ_DRIVER_TASK, "ok",
+                       notes=[*check.notes, *(f"warning: {warning}" for warning in check.warnings)])
+            for check in driver_checks(spec, read_hosts, readings)]
+    for result in [*said, *refusals] if on_result is not None else []:
+        on_result(result)
+    check_readings(spec, read_hosts, readings)
+    return refusals

@@ -20,6 +20,7 @@ from provisioner.files import write_folder
 from provisioner.hostkeys import ssh_options
 from provisioner.selection import groups_of
 from provisioner.spec import Container, Gateway, Host, Instance, Spec
+from provisioner.spec.driver import builds_used, minimum_branch, resolved_modules, settings_of, venv_minimum_branch
 from provisioner.spec.gateways import GATEWAY_GROUP, replica_address, routes
 
 GROUP = "vllm_hosts"
@@ -131,6 +132,7 @@ def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_i
     return {
         "sysctl_settings": _sorted({"vm.swappiness": settings.swappiness, **settings.sysctls}),
         "nouveau_blacklist_enabled": settings.nouveau_blacklist,
+        **driver_vars(host, instances),
         "shm_size": settings.shm_size,
         "vllm_service_bin": f"{host.vllm.venv}/bin/vllm",
         "vllm_service_instances": [service_instance(host, instance, file_name) for instance in instances],
@@ -147,7 +149,30 @@ def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_i
         "vllm_install_path": host.vllm.install_path,
         "vllm_install_wheelhouse": host.vllm.wheelhouse and file_name(host.vllm.wheelhouse),
         "vllm_install_index_url": host.vllm.index_url,
+        "vllm_install_minimum_driver": _branch(venv_minimum_branch(host, instances)),
     }
+
+
+def driver_vars(host: Host, instances: list[Instance]) -> dict[str, Any]:
+    """What role nvidia_driver reads: the spec's driver section (none: not managed), the kernel modules
+    resolved from the GPUs, and the branch the host's vLLM builds need (provisioner/spec/driver.py)."""
+    driver = settings_of(host)
+    return {
+        "nvidia_driver_manage": host.driver is not None and host.driver.manage,
+        "nvidia_driver_source": driver.source,
+        "nvidia_driver_branch": driver.branch,
+        "nvidia_driver_version": driver.version,
+        "nvidia_driver_modules": resolved_modules(host),
+        "nvidia_driver_hold": driver.hold,
+        "nvidia_driver_reboot": driver.reboot,
+        "nvidia_driver_expect_gpus": len(host.gpus.devices) > 0,
+        "nvidia_driver_minimum_branch": _branch(minimum_branch(builds_used(host, instances))),
+    }
+
+
+def _branch(branch: int | None) -> str | None:
+    """A driver branch as the roles take it: a string of digits ("580"), like nvidia_driver_branch."""
+    return None if branch is None else str(branch)
 
 
 def gateway_vars(spec: Spec, host: Host, file_name: FileName = _as_is) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from provisioner.addresses import is_loopback
 from provisioner.file_formats import compose_environment, env_file_environment, unit_environment
 from provisioner.gpu.topology import tensor_parallel_p2p_warnings
 from provisioner.memory_plan import GpuMemory, host_memory
-from provisioner.preflight import memory_problems
+from provisioner.preflight import DriverCheck, driver_check, memory_problems
 from provisioner.roles import (
     COMPOSE_UNIT_TEMPLATE,
     CONFIG_TEMPLATE,
@@ -69,6 +69,7 @@ class HostPlan:
     memory: list[GpuMemory] = field(default_factory=list)  # per GPU the instances use: the memory planner's table
     gateway_file: PlannedFile | None = None  # role gateway's haproxy.cfg, where the host runs gateways
     routes: list[PlannedRoute] = field(default_factory=list)
+    driver: DriverCheck | None = None  # the driver gate: what the host's vLLM builds need, what is known of its driver
 
     @property
     def memory_problems(self) -> list[str]:
@@ -91,10 +92,12 @@ def build_plan(spec: Spec, hosts: Iterable[str] | None = None) -> list[HostPlan]
 
 
 def host_plan(host: Host, instances: list[Instance], spec: Spec | None = None) -> HostPlan:
-    """The files the roles write on `host`, with the warnings and the memory plan of its instances (with
-    `spec`, also its gateways)."""
+    """The files the roles write on `host`, with the warnings, the memory plan and the driver gate of its
+    instances (with `spec`, also its gateways)."""
     plan = host_files(host, host_variables(host, instances, spec))
-    return replace(plan, warnings=host_warnings(host, instances), memory=host_memory(host, instances))
+    driver = driver_check(host, instances)
+    return replace(plan, warnings=host_warnings(host, instances) + list(driver.warnings),
+                   memory=host_memory(host, instances), driver=driver)
 
 
 def host_files(host: Host, variables: dict[str, Any]) -> HostPlan:

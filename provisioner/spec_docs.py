@@ -131,11 +131,13 @@ _DEFAULTS_AND_GROUPS = [
     "it cannot remove it). A host may list a group that has no entry: membership only (an inventory group, a HOST "
     "argument). An entry no host lists is refused: its values would reach no host, usually a typo.",
     "",
-    "Defaults and groups may set `ssh`, `settings`, `vllm` and the rules of `gpus` (`expected_count`, "
+    "Defaults and groups may set `ssh`, `settings`, `vllm`, `driver` and the rules of `gpus` (`expected_count`, "
     "`persistence_mode`, `memory_share_limit`), each field optional; not `name`, `address`, `groups` nor "
     "`gpus.devices`. Devices stay per host: every GPU has its own UUID, by which instances are pinned and which the "
     "audit checks, so a list shared by several hosts would be wrong on all of them but one (`provision facts` prints "
-    "each host's own list). Identical servers share `expected_count` instead, which the audit checks as well.",
+    "each host's own list). Identical servers share `expected_count` instead, which the audit checks as well. A "
+    "host that takes any field of `driver` has a driver section (apply manages its driver, unless `manage: false`); "
+    "`driver: null` on a host keeps it without one.",
     "",
     "Hosts are resolved when the spec is read: `plan`, the inventory, `apply` and the audit see each host with every "
     "value it takes. A problem with a value is reported where the value is written (`groups[1].settings.shm_size`), "

@@ -38,6 +38,7 @@ from provisioner.roles import (
 )
 from provisioner.secrets import read_api_key, redact_environment, shown_command
 from provisioner.spec import Host, Instance, Spec
+from provisioner.spec.driver import builds_used
 from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -68,7 +69,18 @@ def spec_targets(spec: Spec, limit: str | None = None) -> list[Target]:
 
 def spec_target(host: Host, instances: list[Instance], spec: Spec | None = None) -> Target:
     variables = host_variables(host, instances, spec)
-    return Target(host.name, spec_connection(host), host_expectations(variables, host_files(host, variables)))
+    expected = host_expectations(variables, host_files(host, variables))
+    return Target(host.name, spec_connection(host), {**expected, "driver": driver_expectations(variables, host, instances)})
+
+
+def driver_expectations(variables: dict[str, Any], host: Host, instances: list[Instance]) -> dict[str, Any] | None:
+    """What the host's venv vLLM build needs of the driver (the row `driver ≥ what vLLM <version> (CUDA <x>)
+    needs`), read with the nvidia_gpu role's nvidia-smi; None without venv instances."""
+    venv = next((use for use in builds_used(host, instances) if use.image is None), None)
+    if venv is None or venv.minimum_branch is None:
+        return None
+    return {"name": f"driver ≥ what {venv.build.label} needs", "minimum": venv.minimum_branch,
+            "nvidia_smi": variables["nvidia_gpu_nvidia_smi"]}
 
 
 def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, Any]:

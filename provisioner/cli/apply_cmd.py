@@ -55,8 +55,6 @@ def apply(
     import warnings
     from dataclasses import replace
 
-    from rich.markup import escape
-
     from provisioner.ansible_config import AnsibleConfigError
     from provisioner.apply import ControlError, Controls, apply_spec, check_apply, split_tags
     from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
@@ -79,9 +77,7 @@ def apply(
     except (ControlError, AnsibleConfigError) as error:
         exit_with(USAGE_ERROR, redact(str(error)))
     except PreflightError as refused:  # vLLM would refuse to start: touch no host
-        for problem in refused.problems:
-            out.print(f"[bold red]memory:[/] {escape(problem)}")
-        out.print("nothing applied: fix the spec (`provision plan` shows each GPU's memory)")
+        show_refusal(out, refused)
         exit_with(PROBLEMS_FOUND)
     if ask_become_pass:
         with warnings.catch_warnings():  # no terminal (a pipe, CI): getpass says so in its own words
@@ -90,15 +86,34 @@ def apply(
     log = RunLog(spec.stem)
     out.keep_log(log)
     out.print(f"provision apply {' '.join(chosen)} (spec {spec}{', check mode' if check else ''})", markup=False)
+    result = None
     try:
-        result = apply_spec(loaded, hosts=chosen, check=check, diff=diff, controls=controls,
-                            on_result=lambda task: print_result(task, out),
-                            on_output=lambda line: out.print(redact(line), markup=False, style="dim"))
-        show_summary(out, result, check, chosen if rolling else None)
+        try:
+            result = apply_spec(loaded, hosts=chosen, check=check, diff=diff, controls=controls,
+                                on_result=lambda task: print_result(task, out),
+                                on_output=lambda line: out.print(redact(line), markup=False, style="dim"))
+        except PreflightError as refused:  # a driver read from a host is too old: the playbook did not run
+            show_refusal(out, refused)
+        else:
+            show_summary(out, result, check, chosen if rolling else None)
         out.print(f"run log: {log.path}", markup=False)
     finally:
         log.close()
+    if result is None:
+        exit_with(PROBLEMS_FOUND)
     if as_json:
         typer.echo(json.dumps(summary_json(spec, result, check, log.path, chosen if rolling else None), indent=2))
     if not result.succeeded:
         exit_with(PROBLEMS_FOUND)
+
+
+def show_refusal(out, refused) -> None:
+    """Each reason the gate refused the run (provisioner/preflight.py): no host was changed."""
+    from rich.markup import escape
+
+    for problem in refused.problems:
+        out.print(f"[bold red]{problem.kind}:[/] {escape(problem.message)}")
+    if any(problem.kind == "driver" for problem in refused.problems):
+        out.print("nothing applied: fix the driver or the spec (`provision plan` shows what each host needs)")
+    else:
+        out.print("nothing applied: fix the spec (`provision plan` shows each GPU's memory)")

@@ -78,9 +78,39 @@ def facts(
         fail(f"{recording}: not a recording of NVML's answers ({type(error).__name__}: {error})", RECORDING_FIX,
              json_output)
     if json_output:
-        typer.echo(json.dumps(gpu_facts.as_data(), indent=2))
+        typer.echo(json.dumps(facts_data(gpu_facts), indent=2))
     else:
         show(gpu_facts, make_console())
+
+
+def driver_branch(gpu_facts: GpuFacts) -> int | None:
+    from provisioner.vllm.cuda_drivers import branch_of
+
+    return branch_of(gpu_facts.driver_version) if gpu_facts.driver_version else None
+
+
+def facts_data(gpu_facts: GpuFacts) -> dict:
+    """The facts as JSON data, with the driver's branch and what it says to each supported vLLM build."""
+    from provisioner.vllm.builds import verdicts
+
+    branch = driver_branch(gpu_facts)
+    return {**gpu_facts.as_data(), "driver_branch": branch,
+            "vllm_builds": [verdict.as_data() for verdict in verdicts(branch)]}
+
+
+def build_lines(gpu_facts: GpuFacts) -> list[str]:
+    """One line per supported vLLM build: the driver it needs and whether this one runs it."""
+    from provisioner.vllm.builds import verdicts
+
+    lines = []
+    for verdict in verdicts(driver_branch(gpu_facts)):
+        build = verdict.build
+        label = f"vLLM {build.version} (CUDA {build.cuda}{'' if build.verified else ', not verified'})"
+        needs = "needs ?" if verdict.minimum is None else f"needs ≥ {verdict.minimum}"
+        outcome = {"ok": "ok", "risky": f"ok, but {verdict.why}", "too old": f"too old: {verdict.why}",
+                   "unknown": "unknown"}[verdict.status]
+        lines.append(f"{label}: {needs} — {outcome}")
+    return lines
 
 
 def fail(error: str, fix: str, json_output: bool) -> None:
@@ -102,6 +132,8 @@ def show(gpu_facts: GpuFacts, console: Console) -> None:
         f"NVIDIA driver {gpu_facts.driver_version or '?'}, CUDA {gpu_facts.cuda_version or '?'} — "
         f"{len(gpu_facts.gpus)} GPU{'s' if len(gpu_facts.gpus) != 1 else ''} (read through {how})"
     )
+    for line in build_lines(gpu_facts):
+        console.print(line, markup=False, highlight=False)
     if not gpu_facts.gpus:
         return
     table = Table(show_header=True, header_style="bold")

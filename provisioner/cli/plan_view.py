@@ -30,6 +30,8 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
     console.rule(f"[bold]{plan.host}[/] ({plan.address})")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {escape(redact(warning))}")
+    for note in plan.driver.notes if plan.driver else ():
+        console.print(escape(note))
 
     show_memory(console, plan)
     sysctls = Table("kernel parameter", "value", title="sysctls")

@@ -85,8 +85,9 @@ def plan(
     spec: SpecOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (secrets redacted).")] = False,
 ) -> None:
-    """Validate the spec and show what each host would get: GPU memory per instance, sysctls, files,
-    units, environment. Exit 1 when an instance would not fit its GPU (vLLM would refuse to start)."""
+    """Validate the spec and show what each host would get: GPU memory per instance, the driver its vLLM
+    needs, sysctls, files, units, environment. Exit 1 when an instance would not fit its GPU or a driver
+    the spec names is too old (vLLM would refuse to start)."""
     from rich.markup import escape
 
     from provisioner.cli.plan_view import plan_json, show_host_plan
@@ -99,12 +100,12 @@ def plan(
     plans = build_plan(loaded, [host.name for host in chosen])
     problems = preflight_problems(loaded, chosen)
     if as_json:
-        typer.echo(json.dumps(plan_json(spec, plans, problems), indent=2))
+        typer.echo(json.dumps(plan_json(spec, plans, [str(problem) for problem in problems]), indent=2))
         raise typer.Exit(PROBLEMS_FOUND if problems else 0)
     console = _console()
     for host_plan in plans:
         show_host_plan(console, host_plan)
     for problem in problems:
-        console.print(f"[bold red]memory:[/] {escape(problem)}")
+        console.print(f"[bold red]{problem.kind}:[/] {escape(problem.message)}")
     if problems:
         raise typer.Exit(PROBLEMS_FOUND)

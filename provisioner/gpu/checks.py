@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from provisioner.gpu.facts import Gpu, GpuFacts
 from provisioner.module_utils import gpu_settings
+from provisioner.vllm.cuda_drivers import branch_of
 
 # Active reasons that do not hold a working GPU back.
 HARMLESS_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
@@ -150,3 +151,11 @@ def _watts(value: float | None) -> str:
 
 def _on_off(value: bool) -> str:
     return "on" if value else "off"
+
+
+def driver_check(name: str, driver_version: str | None, minimum_branch: int) -> Check:
+    """`driver ≥ what vLLM <version> (CUDA <x>) needs`: the driver's branch (nvidia-smi's driver_version)
+    against the branch the host's vLLM build needs (provisioner/vllm/cuda_drivers.py)."""
+    branch = branch_of(driver_version) if driver_version else None
+    return Check(name, f"≥ {minimum_branch}", driver_version or UNKNOWN,
+                 branch is not None and branch >= minimum_branch)

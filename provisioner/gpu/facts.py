@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.gpu.nvml import LiveNvml, NvmlUnavailable, ReplayNvml, read_nvml_facts
-from provisioner.gpu.smi import SmiError, read_smi_facts, subprocess_runner
+from provisioner.gpu.smi import SmiError, read_cuda_version, read_smi_facts, subprocess_runner
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,13 @@ def _gpu(data: dict[str, Any], fields: set[str]) -> Gpu:
     return Gpu(**values)
 
 
+def smi_facts(run) -> dict[str, Any]:
+    """The facts' data through nvidia-smi (`run(arguments) -> stdout`): its queries, and the CUDA version
+    from `nvidia-smi -q`, which the queries do not tell."""
+    data = read_smi_facts(run)
+    return {**data, "cuda_version": data["cuda_version"] or read_cuda_version(run)}
+
+
 def read_facts(recording: str | Path | None = None, nvidia_smi: str = "nvidia-smi") -> GpuFacts:
     """This machine's GPUs through NVML, else through nvidia-smi; or the answers of a recorded nvml.json.
 
@@ -125,7 +132,7 @@ def read_facts(recording: str | Path | None = None, nvidia_smi: str = "nvidia-sm
         nvml = LiveNvml()
     except NvmlUnavailable as nvml_problem:
         try:
-            return facts_from_data(read_smi_facts(subprocess_runner(nvidia_smi)))
+            return facts_from_data(smi_facts(subprocess_runner(nvidia_smi)))
         except SmiError as error:
             raise SmiError(f"{error}, and {nvml_problem}") from None
     try:

@@ -9,6 +9,7 @@ role's module_utils (nvidia_gpu_facts.py), shared with the Ansible module.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -21,6 +22,27 @@ query_arguments = gpu_facts.query_arguments
 parse_query_csv = gpu_facts.parse_query_csv
 parse_topology_matrix = gpu_facts.parse_topology_matrix
 read_smi_facts = gpu_facts.read_smi_facts
+
+
+# `nvidia-smi -q`'s header (and `nvidia-smi --version`'s last line), as an H200 printed it
+# (tests/fixtures/gpu/h200-driver/): "CUDA Version                                           : 13.0" —
+# the newest CUDA the driver supports, which no --query-gpu field tells
+CUDA_VERSION_LINE = re.compile(r"^CUDA Version\s*:\s*([0-9]+\.[0-9]+)\s*$", re.M)
+CUDA_ARGUMENTS = ["-q"]
+
+
+def parse_cuda_version(text: str) -> str | None:
+    """The `CUDA Version` of `nvidia-smi -q` ("13.0"); None when it says none."""
+    match = CUDA_VERSION_LINE.search(text)
+    return match.group(1) if match else None
+
+
+def read_cuda_version(run: Callable[[list[str]], str]) -> str | None:
+    """The newest CUDA the driver supports, through `nvidia-smi -q`; None when it cannot tell."""
+    try:
+        return parse_cuda_version(run(CUDA_ARGUMENTS))
+    except SmiError:
+        return None
 
 
 def fact_commands() -> list[list[str]]:

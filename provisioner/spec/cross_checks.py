@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.gpu import cards
+from provisioner.spec.driver import cuda_problems, driver_problems
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems
 from provisioner.spec.gateways import GATEWAY_GROUP
@@ -41,6 +42,8 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     problems += _gpu_reference_problems(parts)
     problems += _share_problems(parts)
     problems += _version_problems(parts)
+    problems += cuda_problems(parts)
+    problems += driver_problems(parts)
     for index, instance in present(parts.instances):
         if instance.container and instance.container.image_archive and instance.container.digest:
             problems.append(Problem(

@@ -23,7 +23,7 @@ from provisioner.spec.messages import path_of
 from provisioner.spec.models import HostDefaults, HostGroup
 
 # Checks of a taken value against the host's own values: they stay on the host, naming where the value is from.
-CHECKED_AGAINST_THE_HOST = ("gpus.expected_count",)
+CHECKED_AGAINST_THE_HOST = ("gpus.expected_count", "driver.modules")
 
 Layer = tuple[tuple, dict]  # (where it is written, e.g. ("groups", 1); the values)
 

@@ -39,6 +39,9 @@ IMAGE_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # Ansible's rule for group names (a Python identifier)
+BRANCH_RE = re.compile(r"^[1-9][0-9]{2,3}$")  # a driver branch: the number before the first dot (580)
+DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.95.05, 550.120
+CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -85,6 +88,13 @@ _check_group = _matching(
     "(e.g. rack_a, h200)",
 )
 _check_tag = _matching(TAG_RE, "tag", "is not an image tag — letters, digits, '_.-' (e.g. v0.25.0)")
+_check_branch = _matching(
+    BRANCH_RE, "branch", 'is not a driver branch — write the number before the first dot of a driver version, '
+    'quoted (e.g. "580")')
+_check_driver_version = _matching(
+    DRIVER_VERSION_RE, "driver_version", 'is not a driver version — write it as nvidia-smi prints it, quoted '
+    '(e.g. "580.95.05")')
+_check_cuda = _matching(CUDA_RE, "cuda", 'is not a CUDA version — write major.minor, quoted (e.g. "12.9")')
 _check_digest = _matching(
     DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
 )
@@ -165,6 +175,9 @@ Image = Annotated[str, AfterValidator(_check_image), _schema_pattern(IMAGE_RE)]
 Tag = Annotated[str, AfterValidator(_check_tag), _schema_pattern(TAG_RE)]
 ContainerShmSize = Annotated[str, AfterValidator(_check_container_shm), _schema_pattern(SIZE_RE)]
 Digest = Annotated[str, AfterValidator(_check_digest), _schema_pattern(DIGEST_RE)]
+DriverBranch = Annotated[str, AfterValidator(_check_branch), _schema_pattern(BRANCH_RE)]
+DriverVersion = Annotated[str, AfterValidator(_check_driver_version), _schema_pattern(DRIVER_VERSION_RE)]
+CudaVersion = Annotated[str, AfterValidator(_check_cuda), _schema_pattern(CUDA_RE)]
 
 
 class _Model(BaseModel):
@@ -242,11 +255,40 @@ class VllmSettings(_Model):
         None, description="folder on this machine with every wheel (`provision wheelhouse`): offline install; null: pip's index"
     )
     index_url: str | None = Field(None, description="pip's index URL when there is no wheelhouse; null: PyPI")
+    cuda: CudaVersion | None = Field(
+        None, description='the CUDA build of vLLM (quoted, e.g. "12.9": for drivers below 580), one the version\'s '
+                          'catalog lists (docs/vllm.md); its wheels from vllm.wheelhouse or vllm.index_url; null: the '
+                          'default build, the one PyPI serves (CUDA 13.0 for 0.25.0 and 0.33.0)')
 
     @property
     def venv(self) -> str:
         """The venv of this version (role vllm_install's `_vllm_install_venv`)."""
         return f"{self.install_path}/venvs/{self.version}"
+
+
+class DriverSettings(_Model):
+    """The NVIDIA driver, installed and held by apply (role nvidia_driver), or declared where something else
+    manages it. Without this section the driver is left alone: apply only checks it is new enough."""
+
+    manage: bool = Field(
+        True, description="apply installs the branch and holds it; false: managed elsewhere, only checked (give "
+                          "its version, else apply reads it from the host)")
+    source: Literal["nvidia", "distribution"] = Field(
+        "nvidia", description="nvidia: NVIDIA's CUDA repository (every branch); distribution: the OS's own packages "
+                              "(Debian's stop at 535 on bookworm and 550 on trixie)")
+    branch: DriverBranch = Field(
+        "580", description='the driver branch, quoted ("580": the R580 long-term branch, what CUDA 13 builds need)')
+    version: DriverVersion | None = Field(
+        None, description='an exact version of the branch ("580.95.05"); null: the newest of the branch. With '
+                          'manage: false, the version the host has')
+    modules: Literal["auto", "open", "proprietary"] = Field(
+        "auto", description="kernel modules: open (Turing and later; Blackwell runs only on them) or proprietary "
+                            "(Maxwell, Pascal, Volta); auto: open, unless a GPU of the host is older than Turing")
+    reboot: bool = Field(
+        False, description="reboot the host when the installed driver needs a reboot to load; false: the run says "
+                           "a reboot is pending and leaves it to you")
+    hold: bool = Field(
+        True, description="hold the packages (apt-mark hold): only apply moves the driver, not an upgrade")
 
 
 class Host(_Model):
@@ -259,6 +301,9 @@ class Host(_Model):
     settings: HostSettings = Field(default_factory=HostSettings, description="kernel and OS settings")
     gpus: GpuSettings = Field(default_factory=GpuSettings, description="the host's GPUs and the rules for sharing them")
     vllm: VllmSettings = Field(default_factory=VllmSettings, description="the vLLM installation the host's venv instances run")
+    driver: DriverSettings | None = Field(
+        None, description="the NVIDIA driver apply installs and holds (or declares, manage: false); null: left "
+                          "alone, only checked against what the host's vLLM needs (read from the host at apply)")
     groups: list[GroupName] = Field(
         default_factory=list, description="inventory groups the host belongs to (besides vllm_hosts), e.g. [rack_a]; "
         "HOST arguments of plan/apply/audit accept them; the host takes the values of those with an entry under "
@@ -285,6 +330,8 @@ SharedGpus = Annotated[GpuPolicy | None, Field(
     description="any rules of hosts[].gpus; not devices: every GPU has its own UUID, each host lists its own; "
                 "null: none")]
 SharedVllm = Annotated[VllmSettings | None, Field(description="any fields of hosts[].vllm; null: none")]
+SharedDriver = Annotated[DriverSettings | None, Field(
+    description="any fields of hosts[].driver (a host that takes any has a driver section); null: none")]
 
 
 class HostDefaults(_Model):
@@ -295,6 +342,7 @@ class HostDefaults(_Model):
     settings: SharedSettings = None
     gpus: SharedGpus = None
     vllm: SharedVllm = None
+    driver: SharedDriver = None
 
 
 class HostGroup(_Model):
@@ -306,6 +354,7 @@ class HostGroup(_Model):
     settings: SharedSettings = None
     gpus: SharedGpus = None
     vllm: SharedVllm = None
+    driver: SharedDriver = None
 
 
 class Container(_Model):

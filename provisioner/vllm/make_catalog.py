@@ -23,6 +23,11 @@ without a GPU it finds none, so the CPU platform is set first, as `vllm bench` i
 the CPU nor the CUDA platform adds to the parser (`pre_register_and_update` is a no-op for both);
 building it asks the platform only for the default DeviceConfig's device, which no option shows.
 vLLM's environment variables (VLLM_*) can change defaults: run it in a clean environment.
+
+It also records the wheel's build under `builds` (`wheel_build`): the CUDA it was built for, read from
+the installed wheels' own metadata (vLLM's torch pin, torch's CUDA toolkit pin, `torch.version.cuda`),
+which is what decides the driver the hosts need (provisioner/vllm/cuda_drivers.py). Builds recorded by
+hand beside it (another CUDA variant, `"generated": false`) are kept when the catalog is written again.
 """
 
 from __future__ import annotations
@@ -384,6 +389,46 @@ def parse_forms(parser: argparse.ArgumentParser, forms: tuple[list[str], ...]) -
     return out
 
 
+def wheel_build() -> tuple[str, dict[str, Any]]:
+    """(variant, build) of the installed vLLM: the CUDA it is built for, from the wheels' own metadata.
+
+    The chain: vLLM's `Requires-Dist: torch==X` pin, torch's pin of the CUDA runtime it links against
+    (`cuda-toolkit[...]==13.0.2`, or `nvidia-cuda-runtime-cu12==...` for CUDA 12 builds), and
+    `torch.version.cuda`. The default build (what PyPI serves) has no local version label; another
+    variant is published as `<version>+cu129` (the label names it)."""
+    import importlib.metadata as metadata
+
+    import torch.version
+
+    vllm_version = metadata.version("vllm")
+    local = vllm_version.partition("+")[2]
+    torch_pin = next(requirement for requirement in metadata.requires("vllm") or []
+                     if re.match(r"torch\s*==", requirement))
+    runtime_pins = [requirement for requirement in metadata.requires("torch") or []
+                    if requirement.startswith(("cuda-toolkit", "nvidia-cuda-runtime"))]
+    cuda = torch.version.cuda
+    variant = local or "cu" + cuda.replace(".", "")
+    return variant, {
+        "cuda": cuda,
+        "default": not local,
+        "generated": True,
+        "torch": torch.version.__version__,
+        "evidence": [
+            f"vllm {vllm_version} METADATA: Requires-Dist: {torch_pin}",
+            *(f"torch {metadata.version('torch')} METADATA: Requires-Dist: {pin}" for pin in runtime_pins),
+            f"torch.version.cuda = '{cuda}' (torch.__version__ = '{torch.version.__version__}')",
+        ],
+    }
+
+
+def merged_builds(previous: dict[str, Any] | None, variant: str, build: dict[str, Any]) -> dict[str, Any]:
+    """The catalog's builds: the one read from this venv, and those recorded before for other variants."""
+    kept = {name: entry for name, entry in ((previous or {}).get("builds") or {}).items() if name != variant}
+    if build["default"]:
+        kept = {name: {**entry, "default": False} for name, entry in kept.items()}
+    return dict(sorted({**kept, variant: build}.items()))
+
+
 def make_catalog() -> dict[str, Any]:
     _prepare_argv()
     platform = _set_cpu_platform()
@@ -401,8 +446,10 @@ def make_catalog() -> dict[str, Any]:
                 entry["default_varies"] = True
     commands["serve"]["argv_forms"] = parse_forms(parser, SERVE_FORMS)
     add_value_forms(parser, commands["serve"]["options"])
+    variant, build = wheel_build()
     return {
-        "vllm_version": vllm.__version__,
+        "vllm_version": vllm.__version__.partition("+")[0],
+        "builds": {variant: build},
         "generated_by": f"python -m provisioner.vllm.make_catalog (vLLM's own parser, {sources['serve']})",
         "platform": platform,
         "python": ".".join(map(str, sys.version_info[:2])),
@@ -417,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     catalog = make_catalog()
     ns.out.mkdir(parents=True, exist_ok=True)
     path = ns.out / f"vllm-{catalog['vllm_version']}.json"
+    previous = json.loads(path.read_text()) if path.is_file() else None
+    (variant, build), = catalog["builds"].items()
+    catalog["builds"] = merged_builds(previous, variant, build)
     partial = path.with_name(f".{path.name}.partial")  # renamed over the catalog: never half a file
     partial.write_text(json.dumps(catalog, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     partial.replace(path)

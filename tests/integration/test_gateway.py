@@ -8,8 +8,11 @@ twice, requests through the gateway, a stopped replica, the audit and its drift,
 
 from __future__ import annotations
 
+import http.client
 import json
 import shlex
+import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -209,3 +212,35 @@ def test_the_gateway_serves_again_after_a_reboot(hosts, runs, spec_path):
     assert wait_for(lambda: set(server_states(one).values()) == {"UP"}, timeout=120), server_states(one)
     assert {replica_of(hosts) for _ in range(8)} == {"qwen-a", "qwen-b"}
     assert audit_failures(spec_path)[one.name] == {}
+
+
+def test_with_a_certificate_the_gateway_serves_https_only(hosts, runs, spec_path, tmp_path):
+    """TLS on the real HAProxy: a certificate made here for the gateway's address (openssl), the spec's
+    tls_certificate; the bastion then trusts that certificate alone, and plain HTTP gets no answer."""
+    one, _ = hosts
+    pem, certificate = tmp_path / "edge.pem", tmp_path / "edge.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=gateway",
+                    "-addext", f"subjectAltName=IP:{one.address}", "-keyout", tmp_path / "edge.key",
+                    "-out", certificate], check=True, capture_output=True)
+    pem.write_text(certificate.read_text() + (tmp_path / "edge.key").read_text())
+    data = yaml.safe_load(spec_path.read_text())
+    data["gateways"][0]["tls_certificate"] = str(pem)
+    tls_spec = spec_path.with_name("spec-tls.yml")
+    tls_spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        applied = apply_spec(load_spec(tls_spec))
+        assert applied.succeeded, applied.problems
+        assert one.ssh("stat -c '%a %U:%G' /etc/haproxy/certs/public.pem").stdout.strip() == "640 root:haproxy"
+        trusted = ssl.create_default_context(cafile=str(certificate))
+        request = urllib.request.Request(f"https://{one.address}:{PORT}/v1/completions", method="POST",
+                                         data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode(),
+                                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        assert wait_for(lambda: set(server_states(one).values()) == {"UP"}, timeout=60), server_states(one)
+        with urllib.request.urlopen(request, timeout=10, context=trusted) as answer:
+            assert (answer.status, json.loads(answer.read())["choices"][0]["text"]) == (200, " pong")
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            ask(hosts, "/v1/models", method="GET")  # plain HTTP on the TLS port: no answer
+        assert audit_failures(tls_spec)[one.name] == {}
+        assert apply_spec(load_spec(tls_spec)).changed == 0
+    finally:
+        assert apply_spec(load_spec(spec_path)).succeeded  # back to plain HTTP for the tests after

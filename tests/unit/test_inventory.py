@@ -23,10 +23,15 @@ def test_host_vars_hold_exactly_the_contract_variables():
     files = build_inventory(validate_spec(spec_data()))
     assert sorted(files) == ["group_vars/all.yml", "host_vars/ws4070.yml", "hosts.yml"]
     assert list(files["host_vars/ws4070.yml"]) == [
-        "sysctl_settings", "nouveau_blacklist_enabled", "shm_size", "vllm_service_bin", "vllm_service_instances",
+        "sysctl_settings", "nouveau_blacklist_enabled",
+        "nvidia_driver_manage", "nvidia_driver_source", "nvidia_driver_branch", "nvidia_driver_version",
+        "nvidia_driver_modules", "nvidia_driver_hold", "nvidia_driver_reboot", "nvidia_driver_expect_gpus",
+        "nvidia_driver_minimum_branch",
+        "shm_size", "vllm_service_bin", "vllm_service_instances",
         "container_engine_engines", "container_engine_cdi_devices",
         "nvidia_gpu_expected_count", "nvidia_gpu_persistence_mode", "nvidia_gpu_devices",
         "vllm_install_enabled", "vllm_install_version", "vllm_install_path", "vllm_install_wheelhouse", "vllm_install_index_url",
+        "vllm_install_minimum_driver",
     ]
 
 

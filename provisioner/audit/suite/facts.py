@@ -179,9 +179,10 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         commands.update(unit_commands(index, unit))
     for index, container in enumerate(expected.get("vllm_containers", [])):
         commands.update(container_commands(index, container))
-    if expected.get("gpu"):
-        # the query alone: the checks need no topology (read_smi_facts leaves the links unknown)
-        commands["gpu"] = shlex.join([expected["gpu"]["nvidia_smi"], *query_arguments()])
+    if expected.get("gpu") or expected.get("driver"):
+        # the query alone: the checks need no topology (read_smi_facts leaves the links unknown); its
+        # driver_version is the driver row's actual value too
+        commands["gpu"] = shlex.join([gpu_reader(expected), *query_arguments()])
     if expected.get("gpu_boot_unit"):
         commands["gpu_boot_unit"] = (f"systemctl show {shlex.quote(expected['gpu_boot_unit']['name'])}"
                                      f" --property={','.join(BOOT_UNIT_STATE)}")
@@ -199,6 +200,11 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         # mode and owner, then the content in base64 (one line: no framing to escape)
         commands[f"managed{index}"] = f"stat -c '%a %U:%G' {path} && base64 -w0 {path}"
     return commands
+
+
+def gpu_reader(expected: dict[str, Any]) -> str:
+    """The nvidia-smi the GPU and driver rows read with (the nvidia_gpu role's)."""
+    return (expected.get("gpu") or expected["driver"])["nvidia_smi"]
 
 
 def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
@@ -298,7 +304,7 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     for index, container in enumerate(expected.get("vllm_containers", [])):
         facts.containers[container["name"]] = parse_container(index, out)
     if "gpu" in out:
-        facts.gpu, facts.gpu_problem = parse_gpu(out["gpu"], expected["gpu"]["nvidia_smi"])
+        facts.gpu, facts.gpu_problem = parse_gpu(out["gpu"], gpu_reader(expected))
     if "gpu_boot_unit" in out:
         facts.gpu_boot_unit = dict(line.split("=", 1) for line in out["gpu_boot_unit"].text.splitlines() if "=" in line)
     if "gateway" in out:
