@@ -197,8 +197,8 @@ def test_controls_become_ansible_playbook_options():
 
 
 def test_the_tags_are_the_site_playbooks_role_tags():
-    assert site_tags() == ["sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine",
-                           "vllm_service", "gateway"]
+    assert site_tags() == ["sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install",
+                           "container_engine", "vllm_service", "gateway"]
 
 
 def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_every_phase():
@@ -223,8 +223,8 @@ def phase_tags_of(role: str) -> set[str]:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tags", "sysctl,sysclt"], "--tags: no role tagged 'sysclt' — the tags are: sysctl, nouveau, shm, nvidia_gpu, "
-                                  "vllm_install, container_engine, vllm_service"),
+    (["--tags", "sysctl,sysclt"], "--tags: no role tagged 'sysclt' — the tags are: sysctl, nouveau, nvidia_driver, shm, "
+                                  "nvidia_gpu, vllm_install, container_engine, vllm_service"),
     (["--skip-tags", "gpu"], "--skip-tags: no role tagged 'gpu' — the tags are: sysctl"),
     (["-e", "justaword"], "-e justaword: sets no variable — write VAR=VALUE, or @FILE with a YAML or JSON mapping"),
     (["-e", "@/nonexistent/vars.yml"], "-e @/nonexistent/vars.yml: "),
