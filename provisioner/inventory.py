@@ -145,7 +145,7 @@ def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_i
         "nvidia_gpu_devices": [device.model_dump(exclude={"memory_mib"}) for device in gpus.devices],
         # containers bring their own vLLM: no venv on a host whose instances all run in containers
         "vllm_install_enabled": not instances or any(instance.container is None for instance in instances),
-        "vllm_install_version": host.vllm.version,
+        "vllm_install_version": host.vllm.package_version,
         "vllm_install_path": host.vllm.install_path,
         "vllm_install_wheelhouse": host.vllm.wheelhouse and file_name(host.vllm.wheelhouse),
         "vllm_install_index_url": host.vllm.index_url,

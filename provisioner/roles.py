@@ -22,7 +22,7 @@ from provisioner.inventory import gateway_vars, host_vars
 from provisioner.paths import role_dir
 from provisioner.spec import Host, Instance, Spec
 
-ROLES = ("sysctl", "nouveau", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service",
+ROLES = ("sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service",
          "gateway")  # site.yml's order (gateway: its second play)
 UNIT_TEMPLATE = "vllm-instance.service.j2"
 QUADLET_TEMPLATE = "vllm-instance.container.j2"

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from provisioner.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
-from provisioner.module_utils import systemd_dropins
+from provisioner.module_utils import driver_state, systemd_dropins
 from provisioner.paths import role_dir
 from provisioner.plan import GATEWAY_TEMPLATE, HostPlan, PlannedUnit, gateway_file, host_files
 from provisioner.remote import Connection, spec_connection
@@ -31,6 +31,7 @@ from provisioner.roles import (
     UNIT_TEMPLATES,
     find_task_args,
     host_variables,
+    read_yaml,
     render_role_file,
     render_string,
     role_defaults,
@@ -70,7 +71,27 @@ def spec_targets(spec: Spec, limit: str | None = None) -> list[Target]:
 def spec_target(host: Host, instances: list[Instance], spec: Spec | None = None) -> Target:
     variables = host_variables(host, instances, spec)
     expected = host_expectations(variables, host_files(host, variables))
-    return Target(host.name, spec_connection(host), {**expected, "driver": driver_expectations(variables, host, instances)})
+    return Target(host.name, spec_connection(host), {**expected, "driver": driver_expectations(variables, host, instances),
+                                                     "driver_install": driver_install_expectations(variables)})
+
+
+def driver_install_expectations(variables: dict[str, Any]) -> dict[str, Any] | None:
+    """What role nvidia_driver installs where it manages the driver (None where it does not): the settings, and
+    per release the package set it chooses (roles/nvidia_driver/vars/packages.yml, chosen by the module's own
+    code) or why there is none; the host's release picks one when the audit reads it."""
+    if not variables["nvidia_driver_manage"]:
+        return None
+    sets = read_yaml(role_dir("nvidia_driver") / "vars" / "packages.yml")["_nvidia_driver_package_sets"]
+    branch, source, modules = str(variables["nvidia_driver_branch"]), variables["nvidia_driver_source"], variables["nvidia_driver_modules"]
+    by_release: dict[str, Any] = {}
+    for release in sets:
+        try:
+            by_release[release] = driver_state.choose_set(sets, release, source, branch, modules)
+        except driver_state.SetProblem as problem:
+            by_release[release] = str(problem)
+    return {"source": source, "branch": branch, "version": variables["nvidia_driver_version"], "modules": modules,
+            "hold": variables["nvidia_driver_hold"], "expect_gpus": variables["nvidia_driver_expect_gpus"],
+            "sets": by_release}
 
 
 def driver_expectations(variables: dict[str, Any], host: Host, instances: list[Instance]) -> dict[str, Any] | None:

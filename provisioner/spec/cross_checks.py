@@ -22,6 +22,7 @@ from provisioner.spec.parts import SpecParts, keyed_problems, present
 from provisioner.spec.text_checks import text_problems
 from provisioner.spec.wording import fmt_number
 from provisioner.vllm import flags
+from provisioner.vllm.builds import Build, build_of
 
 SYSCTL_KEY_RE = re.compile(r"^[a-z0-9_]+([./][A-Za-z0-9_:@*-]+)+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -468,12 +469,18 @@ def _flag_problems(parts: SpecParts) -> list[Problem]:
     return problems
 
 
-def _wheelhouse_problem(folder: str, version: str) -> str | None:
-    build = f"build it with `provision wheelhouse --vllm-version {version} --out {folder}`"
+def _wheelhouse_problem(folder: str, version: str, build: Build | None = None) -> str | None:
+    """Why `folder` cannot install vllm==version (0.25.0, or a CUDA build's 0.25.0+cu129); None: it can."""
+    if build is None or build.default:
+        build_it = f"build it with `provision wheelhouse --vllm-version {version} --out {folder}`"
+    else:  # published on vLLM's own index, with the torch of that CUDA on PyTorch's
+        indexes = " ".join(f"--extra-index-url {url}" for url in (build.index_url, build.extra_index_url) if url)
+        build_it = (f"download {build.label}'s wheels into it: `pip download vllm=={version} {indexes} "
+                    f"--only-binary=:all: --dest {folder}`")
     if not Path(folder).is_dir():
-        return f"{folder} is not a folder — {build}"
+        return f"{folder} is not a folder — {build_it}"
     if not any(Path(folder).glob(f"vllm-{version}-*.whl")):
-        return f"{folder} holds no vllm-{version} wheel — {build}"
+        return f"{folder} holds no vllm-{version} wheel — {build_it}"
     return None
 
 
@@ -514,7 +521,8 @@ def _missing_files(parts: SpecParts) -> list[Problem]:
     problems = [
         Problem(f"hosts[{index}].vllm.wheelhouse", message)
         for index, host in present(parts.hosts)
-        if host.vllm.wheelhouse and (message := _wheelhouse_problem(host.vllm.wheelhouse, host.vllm.version))
+        if host.vllm.wheelhouse and (message := _wheelhouse_problem(
+                host.vllm.wheelhouse, host.vllm.package_version, build_of(host.vllm.version, host.vllm.cuda)))
     ]
     for where, path, what in named:
         if Path(path).is_dir():

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from provisioner.spec.wording import literal, show
+from provisioner.vllm.builds import build_of
 from provisioner.vllm.profiles import profile_env, profile_options
 
 # --------------------------------------------------------------------------- field types
@@ -249,7 +250,8 @@ class VllmSettings(_Model):
 
     version: Version = Field("0.25.0", description="vLLM version (quoted string): 0.25.0 or 0.33.0")
     install_path: AbsolutePath = Field(
-        "/opt/vllm", description="install folder: each version in its own venv, <install_path>/venvs/<version>; "
+        "/opt/vllm", description="install folder: each version in its own venv, <install_path>/venvs/<version> (<version>+cu129 "
+                                 "for the CUDA 12.9 build); "
                                  "units run its bin/vllm")
     wheelhouse: SpecPath | None = Field(
         None, description="folder on this machine with every wheel (`provision wheelhouse`): offline install; null: pip's index"
@@ -261,9 +263,16 @@ class VllmSettings(_Model):
                           'default build, the one PyPI serves (CUDA 13.0 for 0.25.0 and 0.33.0)')
 
     @property
+    def package_version(self) -> str:
+        """The version pip installs and reports: `version`, with the build's local label for a CUDA build other
+        than the default (0.25.0+cu129, as vLLM publishes it); role vllm_install's `vllm_install_version`."""
+        build = build_of(self.version, self.cuda) if self.cuda else None
+        return f"{self.version}+{build.variant}" if build is not None and not build.default else self.version
+
+    @property
     def venv(self) -> str:
-        """The venv of this version (role vllm_install's `_vllm_install_venv`)."""
-        return f"{self.install_path}/venvs/{self.version}"
+        """The venv of this version and build (role vllm_install's `_vllm_install_venv`)."""
+        return f"{self.install_path}/venvs/{self.package_version}"
 
 
 class DriverSettings(_Model):

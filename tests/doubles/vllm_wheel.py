@@ -43,7 +43,8 @@ def build_standin_wheel(version: str, wheelhouse: Path, fails_at_start: str | No
         for path in sorted(PACKAGE.rglob("*.py"))
     }
     files["vllm/__init__.py"] = files["vllm/__init__.py"].replace(b'"0.0.0"', f'"{version}"'.encode())
-    files["vllm/catalog.json"] = (CATALOGS / f"vllm-{version}.json").read_bytes()
+    # a build's local label (0.25.0+cu129) names the same version's options
+    files["vllm/catalog.json"] = (CATALOGS / f"vllm-{version.split('+')[0]}.json").read_bytes()
     summary = "TEST DOUBLE of vLLM for test hosts without a GPU (vllm-provision tests)"
     if fails_at_start is not None:
         unset = b"\nFAILS_AT_START = None "

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.hosts import Lab, TestHost
+from tests.lab.hosts import LAB_NOTES, Lab, TestHost
 from tests.lab.vm import VM_TIMINGS, VirtualMachine, accelerator, ensure_image
-
-LAB_NOTES: list[str] = []  # what the session's lab did beyond its tests, shown in the summary
 
 # Paths that change on a host by merely running (logs, ansible's temp files, systemd state):
 # everything else written to a host's disk shows up in its overlay's upper layer.

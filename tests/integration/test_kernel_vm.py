@@ -5,6 +5,15 @@ the kernel command line after a reboot through GRUB, `modprobe` refusing nouveau
 marker, /dev/shm from fstab after a boot, the vLLM unit (TEST DOUBLE server: no GPU here) started by
 systemd at boot, and the audit's live checks, which are n/a in containers, passing.
 
+The NVIDIA driver (role nvidia_driver): the image carries Debian's own 535 set, its module built by DKMS
+natively when the image was built (tests/lab/vm.py; nothing is compiled under emulation). A second spec
+for the same machine declares it (driver: source distribution, branch 535, reboot: true) and no GPU (the
+machine has none; the main spec's GPU is the TEST DOUBLE nvidia-smi's, for the GPU role): its apply, the
+role's tags alone, holds and pins the set and makes the managed reboot the nouveau role's marker asks for
+(the one reboot of the module), waiting until SSH answers and the module of the installed version is
+there for the running kernel with nouveau not loaded. After it `modprobe nvidia` fails only because there
+is no GPU, and the audit's driver rows hold.
+
 One machine serves the whole module (fixture `vm`, booted once): the tests run in file order, the
 fixtures below apply once and reboot once, and each test checks one thing of that shared history.
 Under software emulation every module Ansible runs on the machine costs 10-20 s, so only the first
@@ -29,6 +38,10 @@ from tests.lab.vm import VM_TIMINGS
 
 UNIT = "vllm-chat.service"
 KERNEL_ROLES = Controls(tags=("sysctl", "nouveau", "shm"))
+DRIVER_ROLE = Controls(tags=("nvidia_driver",))
+DRIVER = {"source": "distribution", "branch": "535", "modules": "proprietary", "reboot": True}
+DRIVER_VERSION = "535.309.01"  # bookworm-security's, in the lab's repository of Debian's driver packages
+MODULE = "nvidia-current"  # Debian's name of the module
 FLAGS = ("nouveau.modeset=0", "rd.driver.blacklist=nouveau", "modprobe.blacklist=nouveau")
 SHM_BYTES = 1 << 30  # host_entry's shm_size: 1G
 # planted before the first apply: a later sysctl.d file that would win at boot; apply must neutralise it
@@ -66,6 +79,13 @@ def spec(vm, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def driver_spec(vm, tmp_path_factory):
+    """The same machine with its driver declared and no GPU (it has none)."""
+    entry = {**host_entry(vm), "gpus": {}, "driver": DRIVER}
+    return load_spec(write_spec(tmp_path_factory.mktemp("vm-driver") / "spec.yml", [entry], []))
+
+
+@pytest.fixture(scope="module")
 def history(vm, spec):
     """Check mode, apply, apply again, then the audit before the reboot: what each did, for the tests."""
     record = {"swappiness before": vm.ssh("cat /proc/sys/vm/swappiness").stdout.strip()}
@@ -90,8 +110,24 @@ def history(vm, spec):
 
 
 @pytest.fixture(scope="module")
-def rebooted(vm, history):
-    VM_TIMINGS["reboot to SSH"] = vm.reboot(timeout=600)
+def driver_history(vm, history, driver_spec):
+    """Check mode, then the apply whose managed reboot is the module's reboot, then apply again."""
+    record = {"boot id": vm.ssh("cat /proc/sys/kernel/random/boot_id").stdout}
+    events: list[TaskResult] = []
+    record["check"] = apply_spec(driver_spec, check=True, controls=DRIVER_ROLE, on_result=events.append)
+    record["check events"], events = events, []
+    record["boot id after check"] = vm.ssh("cat /proc/sys/kernel/random/boot_id").stdout
+    started = time.monotonic()
+    record["apply"] = apply_spec(driver_spec, controls=DRIVER_ROLE, on_result=events.append)
+    timed("driver apply with the managed reboot", started)
+    record["apply events"] = events
+    vm.wait_for_ssh(timeout=600)  # systemd finished booting (the units the tests below read are up)
+    record["apply again"] = apply_spec(driver_spec, controls=DRIVER_ROLE)
+    return record
+
+
+@pytest.fixture(scope="module")
+def rebooted(vm, driver_history):
     return vm
 
 
@@ -174,6 +210,53 @@ def test_after_the_reboot_the_audit_passes_with_its_live_checks(rebooted, spec):
     statuses = {check.check: check.status for check in report.checks}
     assert {statuses[name] for name in CONTAINER_NOT_APPLICABLE} == {"passed"}
     assert statuses[f"{UNIT}: ready (one request served)"] == "passed"
+
+
+def test_the_driver_spec_check_mode_predicts_the_hold_pin_and_reboot_and_reboots_nothing(driver_history):
+    check = driver_history["check"]
+    assert check.succeeded, check.problems
+    changed = {result.label for result in driver_history["check events"] if result.status == "changed"}
+    applied = {result.label for result in driver_history["apply events"] if result.status == "changed"}
+    assert changed == applied, (changed, applied)
+    assert driver_history["boot id after check"] == driver_history["boot id"]
+
+
+def test_the_role_reboots_the_machine_for_the_nouveau_marker_and_waits_for_the_driver(rebooted, driver_history):
+    applied = driver_history["apply"]
+    assert applied.succeeded, applied.problems
+    labels = {result.label for result in driver_history["apply events"] if result.status == "changed"}
+    assert "nvidia_driver : Reboot, then wait until SSH and the driver answer" in labels, labels
+    assert rebooted.ssh("cat /proc/sys/kernel/random/boot_id").stdout != driver_history["boot id"]
+    again = driver_history["apply again"]
+    assert again.succeeded and again.changed == 0, again.problems
+
+
+def test_the_module_is_installed_for_the_running_kernel_and_nouveau_is_not_loaded(rebooted):
+    kernel = rebooted.ssh("uname -r").stdout.strip()
+    assert rebooted.ssh(f"modinfo -k {kernel} -F version {MODULE}").stdout.strip() == DRIVER_VERSION
+    assert rebooted.ssh("dkms status").stdout.strip() == f"{MODULE}/{DRIVER_VERSION}, {kernel}, x86_64: installed"
+    assert "nouveau" not in rebooted.ssh("cut -d' ' -f1 /proc/modules").stdout.split()
+    held = rebooted.ssh("apt-mark showhold").stdout.split()
+    assert held == ["libcuda1", "libnvidia-cfg1", "nvidia-kernel-dkms", "nvidia-persistenced", "nvidia-smi"], held
+
+
+def test_modprobe_nvidia_fails_only_because_there_is_no_gpu(rebooted):
+    loaded = rebooted.ssh("modprobe nvidia", check=False)
+    assert loaded.returncode != 0
+    assert "No such device" in loaded.stderr, loaded.stderr  # the module loaded, and found no GPU to drive
+    kernel_log = rebooted.ssh("dmesg | grep NVRM", check=False).stdout
+    assert "NVRM" in kernel_log and "Unknown symbol" not in kernel_log, kernel_log
+
+
+def test_the_audits_driver_rows_hold_after_the_managed_reboot(rebooted, driver_spec):
+    report = audit(driver_spec)
+    rows = {check.check: (check.status, check.actual) for check in report.checks if check.check.startswith("driver ")}
+    packages = "nvidia-kernel-dkms, nvidia-smi, libcuda1, libnvidia-cfg1 at 535.*, held"
+    assert rows == {
+        "driver packages: distribution 535": ("passed", packages),
+        f"driver module {MODULE}": ("passed", f"{DRIVER_VERSION} for every kernel with headers"),
+        "driver loaded": ("n/a", "n/a: no GPU expected: nothing loads the module"),
+    }
 
 
 def test_live_drift_is_named_and_the_next_apply_repairs_only_that(rebooted, spec):

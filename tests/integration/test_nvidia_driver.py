@@ -22,9 +22,13 @@ import pytest
 import yaml
 
 from provisioner.apply import Controls, apply_spec, run_playbook
+from provisioner.audit.expectations import spec_targets
+from provisioner.audit.runner import disconnect
 from provisioner.inventory import write_inventory
 from provisioner.spec import load_spec
-from tests.integration.conftest import LAB_NOTES, disk_state
+from tests.integration.conftest import disk_state
+from tests.lab.hosts import LAB_NOTES
+from tests.integration.test_audit import audit_one
 from tests.lab.nvidia_driver import (
     DOUBLE_KEY,
     DriverHost,
@@ -196,6 +200,45 @@ def test_branch_535_replaces_470(debian):
     assert host.ssh(f"cat {PIN}").stdout.splitlines()[-2] == "Pin: version 535.*"
     again, events = apply(debian["spec"], {**DEBIAN, "nvidia_driver_branch": "535"})
     assert again.succeeded and again.changed == 0, changed(events)
+
+
+def driver_rows(spec) -> dict[str, tuple[str, str, str]]:
+    """The audit's rows of role nvidia_driver on the spec's host: check -> (status, expected, actual)."""
+    try:
+        report = audit_one(spec)
+    finally:  # no SSH master left on a host the module destroys
+        disconnect([target.connection for target in spec_targets(spec)])
+    return {check.check: (check.status, check.expected, check.actual) for check in report.checks
+            if check.check.startswith("driver ")}
+
+
+def test_the_audit_passes_then_names_a_released_hold_and_apply_puts_it_back(debian, tmp_path):
+    """The spec now declares what the extra vars said (driver: source distribution, branch 535, proprietary):
+    the audit's driver rows pass; a hold released by hand is the one failing row; apply repairs only that."""
+    host = debian["host"]
+    data = yaml.safe_load(debian["spec"].read_text())
+    data["hosts"][0]["driver"] = {"source": "distribution", "branch": "535", "modules": "proprietary"}
+    path = tmp_path / "spec.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(path)
+    packages = "nvidia-kernel-dkms, nvidia-smi, libcuda1, libnvidia-cfg1 at 535.*, held"
+    built = "535.309.01 for every kernel with headers"
+    assert driver_rows(spec) == {
+        "driver packages: distribution 535": ("passed", packages, packages),
+        "driver module nvidia-current": ("passed", built, built),
+        "driver loaded": ("n/a", "535.309.01", f"n/a: a container ({host_container(host)}) loads no kernel modules"),
+    }
+    host.ssh("apt-mark unhold nvidia-smi")
+    assert {check: row for check, row in driver_rows(spec).items() if row[0] == "failed"} == {
+        "driver packages: distribution 535": ("failed", packages, "nvidia-smi not held")}
+    events: list = []
+    result = apply_spec(spec, on_result=events.append, controls=Controls(tags=TAGS))
+    assert result.succeeded and changed(events) == ["Install the driver branch"], changed(events)
+    assert driver_rows(spec)["driver packages: distribution 535"][0] == "passed"
+
+
+def host_container(host) -> str:
+    return host.ssh("systemd-detect-virt --container", check=False).stdout.strip()
 
 
 # --------------------------------------------------------------------------- NVIDIA's repository (TEST DOUBLES)

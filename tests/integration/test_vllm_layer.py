@@ -31,9 +31,11 @@ def process_of(host, port: int = 8000) -> dict:
         return json.load(response)
 
 
-def spec_for(host, path: Path, version: str = "0.25.0", **instance_extra):
+def spec_for(host, path: Path, version: str = "0.25.0", cuda: str | None = None, **instance_extra):
+    """The host's spec with `version` of vLLM (its `cuda` build: the wheelhouse holds that build's wheel)."""
     entry = host_entry(host)
-    entry["vllm"] = {**entry["vllm"], "version": version, "wheelhouse": str(standin_wheelhouse(version))}
+    package = version + ("+cu" + cuda.replace(".", "") if cuda else "")
+    entry["vllm"] = {**entry["vllm"], "version": version, "cuda": cuda, "wheelhouse": str(standin_wheelhouse(package))}
     return load_spec(write_spec(path, [entry], [instance_entry(host, "chat", 8000, share=0.9, **instance_extra)]))
 
 
@@ -72,6 +74,14 @@ def test_install_from_a_wheelhouse_check_mode_idempotence_and_an_upgrade(boot, t
     assert host.ssh("/opt/vllm/venvs/0.33.0/bin/vllm --version").stdout.strip() == "0.33.0"
     assert process_of(host)["version"] == "0.33.0" and main_pid(host) != pid  # restarted on the new vLLM
     assert apply_spec(upgraded).changed == 0
+
+    # the CUDA 12.9 build of the same version (for drivers below 580): pip's local label, a venv of its own
+    cu129 = spec_for(host, tmp_path / "spec-0.33-cu129.yml", version="0.33.0", cuda="12.9")
+    pid = main_pid(host)
+    assert apply_spec(cu129).succeeded
+    assert host.ssh("/opt/vllm/venvs/0.33.0+cu129/bin/vllm --version").stdout.strip() == "0.33.0+cu129"
+    assert process_of(host)["version"] == "0.33.0+cu129" and main_pid(host) != pid
+    assert apply_spec(cu129).changed == 0
 
 
 def test_a_flag_the_installed_vllm_rejects_never_reaches_the_unit(boot, tmp_path):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tests.lab.rootfs import SUITE, ensure_rootfs
 
+LAB_NOTES: list[str] = []  # what the session's lab did beyond its tests, shown in the summary (tests/integration/conftest.py)
 CGROUP_HIERARCHIES = ("systemd", "unified")
 CGROUP_PREFIX = "vp-lab-"
 REBOOT_POLL_TIMEOUT_S = 20  # one "are you back?" ssh while a host reboots

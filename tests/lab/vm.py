@@ -6,8 +6,13 @@ command line and a real reboot can only be proven in a virtual machine.
 The disk image is built once and cached (zstd, keyed on everything that goes into it):
 
 1. mmdebstrap: the nspawn hosts' packages (tests/lab/rootfs.py) plus Debian's kernel, initramfs-tools
-   and GRUB, from this machine's own apt sources; a customize hook writes fstab, DHCP networking, a
-   serial console for GRUB and the kernel, root's authorized key and the host key;
+   and GRUB, from this machine's own apt sources, and Debian's own NVIDIA driver 535 (the compute set role
+   nvidia_driver installs with source distribution, from the lab's cached repository of Debian's driver
+   packages: tests/lab/nvidia_driver.py) with the kernel's headers: DKMS builds its module here, natively,
+   for the image's kernel (in a chroot it builds for every kernel in /lib/modules), never under emulation;
+   nvidia-persistenced is masked (no GPU: it would fail every boot); customize hooks write fstab, DHCP
+   networking, a serial console for GRUB and the kernel, root's authorized key and the host key, and
+   fail the build unless the module was built;
 2. `mkfs.ext4 -d` turns the tree into the root filesystem of a one-partition MBR disk (no loop
    device, no mount);
 3. a first boot straight into that kernel (qemu -kernel) runs `grub-install /dev/vda` and
@@ -35,11 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.lab.hosts import TestHost
+from tests.lab.nvidia_driver import debian_driver_repo, debian_set
 from tests.lab.rootfs import APT_SOURCES, PACKAGES, SUITE, cache_dir
 
 KERNEL_PACKAGES = ("linux-image-amd64", "initramfs-tools", "grub-pc", "udev", "e2fsprogs", "zstd")
 VM_TIMINGS: dict[str, float | str] = {}  # what a test run measured; pytest prints it at the end
-IMAGE_RECIPE = 1  # bump when the build steps below change: a new cache key
+IMAGE_RECIPE = 2  # bump when the build steps below change: a new cache key
+DRIVER_BRANCH = "535"  # Debian bookworm's driver the image carries, built by DKMS (role nvidia_driver's set)
+DRIVER_MODULE = "nvidia-current"  # Debian's name for it (nvidia-kernel-support maps `modprobe nvidia` to it)
 DISK_SIZE_MIB = 6144
 PARTITION_START_MIB = 1
 MEMORY_MIB = 3072
@@ -53,7 +61,8 @@ NETWORK = "[Match]\nName=en*\n\n[Network]\nDHCP=ipv4\nLinkLocalAddressing=no\n"
 
 
 def image_key() -> str:
-    material = "\n".join([SUITE, *PACKAGES, *KERNEL_PACKAGES, str(IMAGE_RECIPE), APT_SOURCES.read_text()])
+    material = "\n".join([SUITE, *PACKAGES, *KERNEL_PACKAGES, *debian_set(DRIVER_BRANCH), debian_driver_repo().name,
+                          str(IMAGE_RECIPE), APT_SOURCES.read_text()])
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
@@ -129,12 +138,19 @@ def _mmdebstrap(tree: Path, base: Path) -> None:
         'install -d -m 0700 "$1/root/.ssh"',
         f"printf '%s' '{authorized}' > \"$1/root/.ssh/authorized_keys\"",
         'chmod 0600 "$1/root/.ssh/authorized_keys"',
+        # no GPU in the machine: the daemon would fail every boot (a masked unit is one the GPU role leaves)
+        'ln -sf /dev/null "$1/etc/systemd/system/nvidia-persistenced.service"',
+        # DKMS built the driver's module for the image's kernel, or the build fails here
+        f'ls "$1"/lib/modules/*/updates/dkms/{DRIVER_MODULE}.ko',
+        # the driver repository was for the build only: the machine's apt knows Debian's mirror alone
+        'for f in "$1/etc/apt/sources.list" "$1"/etc/apt/sources.list.d/*.list; do [ ! -f "$f" ] || sed -i "/file:/d" "$f"; done',
     ]
     command = [
         "mmdebstrap", "--quiet", "--variant=minbase",
-        "--include=" + ",".join((*PACKAGES, *KERNEL_PACKAGES)),
+        "--include=" + ",".join((*PACKAGES, *KERNEL_PACKAGES, *debian_set(DRIVER_BRANCH))),
+        "--hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount",
         *(f"--customize-hook={hook}" for hook in hooks),
-        SUITE, str(tree), str(APT_SOURCES),
+        SUITE, str(tree), str(APT_SOURCES), f"deb [trusted=yes] file://{debian_driver_repo()} ./",
     ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

@@ -111,6 +111,11 @@ def gateway_spec() -> dict:
             "gateways": [{"name": "public", "host": "ws4070", "port": 8080}]}
 
 
+def managed_driver_spec() -> dict:
+    """A driver the roles install (role nvidia_driver's checks)."""
+    return spec_data(hosts=[host(driver={"source": "nvidia", "branch": "580"})])
+
+
 # what discovery returns for a server with a vLLM unit, a vLLM container, a vLLM started from a shell
 # (a bare process) and two GPUs, the bare process holding memory on GPU 0
 BARE_ARGV = ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--host", "0.0.0.0"]
@@ -138,7 +143,7 @@ def samples() -> dict[str, list[dict]]:
     these lack: add it here (a spec, or what discovery finds)."""
     specs = [load_spec(path) for path in sorted(EXAMPLES_DIR.glob("*.yml"))]
     specs += [validate_spec(data, check_files=False) for data in (containers_spec(), no_nouveau_blacklist_spec(),
-                                                                         gateway_spec())]
+                                                                         gateway_spec(), managed_driver_spec())]
     return {
         "spec": [target.expected for spec in specs for target in spec_targets(spec)],
         "profile": [profile_expectations(load_profile("recommended"), DISCOVERED)],

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from provisioner.apply import apply_spec
 from provisioner.audit.checks import Audit, Case, Drift
 from provisioner.audit.expectations import spec_targets
-from provisioner.audit.suite.facts import Output, host_commands, parse_gpu
+from provisioner.audit.suite.facts import Output, host_commands, parse_driver_install, parse_gpu
 from provisioner.cli.main import app
 from provisioner.gpu.facts import read_facts, smi_facts
 from provisioner.gpu.smi import parse_cuda_version, query_arguments
@@ -32,7 +32,8 @@ from provisioner.preflight import (
     parse_driver_reading,
 )
 from provisioner.remote import RemoteError
-from provisioner.spec import load_spec, validate_spec
+from provisioner.inventory import host_vars
+from provisioner.spec import SpecError, load_spec, validate_spec
 from provisioner.vllm import builds, cuda_drivers, make_catalog
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data, write_spec
 
@@ -406,3 +407,115 @@ def test_the_driver_row_reads_the_gpu_query_even_where_no_gpu_is_listed():
     spec = validate_spec(spec_data(hosts=[host(gpus={})], instances=[instance("chat", 8000, gpus=[UUID0])]))
     commands = host_commands(spec_targets(spec)[0].expected)
     assert commands["gpu"].startswith("nvidia-smi --query-gpu=index,uuid,name,")
+
+
+# --------------------------------------------------------------------------- the audit's rows of role nvidia_driver
+
+DRIVER_RECORDINGS = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-driver"
+KERNEL = "6.1.0-57-amd64"  # the recordings' headers kernel
+
+
+def managed_target(**driver):
+    spec = validate_spec(spec_data(hosts=[host(driver={"source": "distribution", "branch": "535",
+                                                       "modules": "proprietary", **driver})]))
+    return spec_targets(spec)[0].expected
+
+
+def driver_facts(expected: dict, dpkg: str, modules: str, loaded: str | None = None, container: str | None = "systemd-nspawn"):
+    """The facts the audit parses from the commands it runs, here from the recordings of a lab host."""
+    out = {"driver_release": Output("bookworm\n", 0), "driver_packages": Output(dpkg, 0),
+           "driver_modules": Output(modules, 0),
+           "driver_loaded": Output(loaded or "cat: /sys/module/nvidia/version: No such file or directory\n", 0 if loaded else 1)}
+    facts = SimpleNamespace(container=container, driver_release=None, driver_packages={}, driver_modules={}, driver_loaded=None)
+    parse_driver_install(facts, out)
+    return facts
+
+
+def run_driver_rows(expected: dict, facts) -> dict[str, tuple[str, str, str]]:
+    """Each row of role nvidia_driver as the audit reports it: check -> (status, expected, actual)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        suite = importlib.import_module("provisioner.audit.suite.test_nvidia_driver")
+    rows = {}
+    for check in (suite.test_driver_packages, suite.test_driver_module_built, suite.test_driver_loaded):
+        item = SimpleNamespace(user_properties=[])
+        status = "passed"
+        try:
+            check(Case("ws3090", expected, expected["driver_install"]), facts, Audit(item))
+        except Drift:
+            status = "failed"
+        except pytest.skip.Exception:
+            status = "n/a"
+        found = dict(item.user_properties)
+        rows[found["check"]] = (status, found["expected"], found["actual"])
+    return rows
+
+
+def test_the_audit_expects_the_roles_set_for_each_release_and_nothing_where_the_driver_is_not_managed():
+    install = managed_target()["driver_install"]
+    assert install["sets"]["bookworm"] == {"packages": ["nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-cfg1"],
+                                           "companions": ["nvidia-persistenced"], "module": "nvidia-current"}
+    assert install["sets"]["noble"]["packages"] == ["nvidia-headless-535-server", "nvidia-utils-535-server"]
+    assert install["sets"]["trixie"] == "trixie distribution has no driver branch 535 (branches: 550)"
+    assert (install["branch"], install["hold"]) == ("535", True)
+    commands = host_commands(managed_target())
+    assert "nvidia-current" in commands["driver_modules"] and "dpkg-query --show" in commands["driver_packages"]
+    (plain,) = spec_targets(validate_spec(spec_data()))
+    assert plain.expected["driver_install"] is None and "driver_packages" not in host_commands(plain.expected)
+
+
+def test_the_rows_pass_on_the_recorded_535_host_and_name_each_drift():
+    expected = managed_target()
+    dpkg = (DRIVER_RECORDINGS / "bookworm-535" / "dpkg-query.txt").read_text()
+    version = (DRIVER_RECORDINGS / "bookworm-535" / "modinfo-name.txt").read_text().split()[1]
+    modules = f"{KERNEL} nvidia-current {version}\n{KERNEL} nvidia-tesla-470 \n"
+    packages = "nvidia-kernel-dkms, nvidia-smi, libcuda1, libnvidia-cfg1 at 535.*, held"
+    built = "535.309.01 for every kernel with headers"
+    assert run_driver_rows(expected, driver_facts(expected, dpkg, modules)) == {
+        "driver packages: distribution 535": ("passed", packages, packages),
+        "driver module nvidia-current": ("passed", built, built),
+        "driver loaded": ("n/a", "535.309.01", "n/a: a container (systemd-nspawn) loads no kernel modules")}
+    # a hold released by hand; a module not built for a second kernel's headers; a VM that loaded the old module
+    drifted = dpkg.replace("nvidia-smi\t535.309.01-0+deb12u1\thold", "nvidia-smi\t535.309.01-0+deb12u1\tinstall")
+    rows = run_driver_rows(expected, driver_facts(expected, drifted, modules + "6.1.0-58-amd64 nvidia-current \n",
+                                                  loaded="470.256.02", container=None))
+    assert rows == {
+        "driver packages: distribution 535": ("failed", packages, "nvidia-smi not held"),
+        "driver module nvidia-current": ("failed", built, f"{KERNEL}: 535.309.01; 6.1.0-58-amd64: (not built)"),
+        "driver loaded": ("failed", "535.309.01", "470.256.02")}
+
+
+def test_the_rows_name_the_470_host_against_a_535_pin():
+    expected = managed_target(version="535.309.01", hold=False)
+    dpkg = (DRIVER_RECORDINGS / "bookworm-470" / "dpkg-query.txt").read_text()
+    rows = run_driver_rows(expected, driver_facts(expected, dpkg, f"{KERNEL} nvidia-current \n"))
+    assert rows["driver packages: distribution 535"] == (
+        "failed", "nvidia-kernel-dkms, nvidia-smi, libcuda1, libnvidia-cfg1 at 535.309.01, not held",
+        "nvidia-kernel-dkms not installed; nvidia-smi not installed; libcuda1 not installed; libnvidia-cfg1 not installed")
+    assert rows["driver module nvidia-current"] == (
+        "failed", "535.* for every kernel with headers", f"{KERNEL}: (not built)")
+
+
+# --------------------------------------------------------------------------- installing a CUDA build other than the default
+
+
+def test_a_cuda_12_9_build_installs_as_pip_names_it_in_a_venv_of_its_own(tmp_path):
+    from tests.doubles.vllm_wheel import build_standin_wheel
+
+    build_standin_wheel("0.25.0+cu129", tmp_path)  # the TEST DOUBLE wheel, named as vLLM publishes the build
+    spec = validate_spec(spec_data(hosts=[host(vllm={"version": "0.25.0", "cuda": "12.9", "wheelhouse": str(tmp_path)})]))
+    variables = host_vars(spec.hosts[0], [])
+    assert variables["vllm_install_version"] == "0.25.0+cu129"
+    assert spec.hosts[0].vllm.venv == "/opt/vllm/venvs/0.25.0+cu129"
+    default = validate_spec(spec_data())
+    assert (host_vars(default.hosts[0], [])["vllm_install_version"], default.hosts[0].vllm.venv) == (
+        "0.25.0", "/opt/vllm/venvs/0.25.0")
+
+
+def test_a_wheelhouse_without_the_builds_wheel_is_refused_with_where_to_get_it(tmp_path):
+    with pytest.raises(SpecError) as refused:
+        validate_spec(spec_data(hosts=[host(vllm={"version": "0.25.0", "cuda": "12.9", "wheelhouse": str(tmp_path)})]))
+    assert str(refused.value) == (
+        f"hosts[0].vllm.wheelhouse: {tmp_path} holds no vllm-0.25.0+cu129 wheel — download vLLM 0.25.0 (CUDA 12.9)'s "
+        "wheels into it: `pip download vllm==0.25.0+cu129 --extra-index-url https://wheels.vllm.ai/0.25.0/cu129 "
+        f"--extra-index-url https://download.pytorch.org/whl/cu129 --only-binary=:all: --dest {tmp_path}`")

@@ -20,7 +20,7 @@ import testinfra
 
 from provisioner.audit.text import environment_words, shown_argv
 from provisioner.gpu.facts import GpuFacts, facts_from_data
-from provisioner.module_utils import sysctl_files
+from provisioner.module_utils import driver_state, sysctl_files
 from provisioner.paths import module_utils_file, role_dir
 from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
 
@@ -48,6 +48,12 @@ except metadata.PackageNotFoundError:
 """
 UNIT_STATE = ("LoadState", "LoadError", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
               "Environment", "ExecStart", "DropInPaths")
+# role nvidia_driver's: the release, the packages dpkg knows (the module's own format), the driver module's
+# version for each kernel DKMS builds for (those with headers: /lib/modules/K/build), the loaded module's
+DRIVER_RELEASE = '. /etc/os-release && echo "$VERSION_CODENAME"'
+DRIVER_MODULES = ('for dir in /lib/modules/*/; do kernel=$(basename "$dir"); [ -e "$dir/build" ] || continue; '
+                  'for module in {modules}; do echo "$kernel $module $(modinfo -k "$kernel" -F version "$module" 2>/dev/null)"; '
+                  'done; done')
 INITRAMFS_SCRIPT = """\
 image=/boot/initrd.img-$(uname -r)
 if [ ! -e "$image" ]; then echo "no initramfs at $image"; exit 3; fi
@@ -120,6 +126,12 @@ class HostFacts:
     gpu_problem: str | None = None  # why they could not be read
     gpu_boot_unit: dict[str, str] | None = None  # `systemctl show` of the nvidia_gpu role's boot unit
     gateway: dict[str, str] | None = None  # `systemctl show` of role gateway's haproxy.service
+    # role nvidia_driver's (where it manages the driver): the release codename, {package: {version, want, status}},
+    # {kernel: {module: version or ""}} for the kernels with headers, the loaded nvidia module's version (None: not loaded)
+    driver_release: str | None = None
+    driver_packages: dict[str, dict[str, str]] = field(default_factory=dict)
+    driver_modules: dict[str, dict[str, str]] = field(default_factory=dict)
+    driver_loaded: str | None = None
     vllm_version: Output | None = None  # the venv's vLLM version (VLLM_VERSION's output and exit status)
     vllm_venvs: dict[str, str] = field(default_factory=dict)  # VLLM_VENVS: current, previous, venvs, unversioned
     # each managed file (expected["managed_files"]) by path: ((mode, owner:group), its content); None: absent
@@ -183,6 +195,8 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         # the query alone: the checks need no topology (read_smi_facts leaves the links unknown); its
         # driver_version is the driver row's actual value too
         commands["gpu"] = shlex.join([gpu_reader(expected), *query_arguments()])
+    if expected.get("driver_install"):
+        commands.update(driver_install_commands(expected["driver_install"]))
     if expected.get("gpu_boot_unit"):
         commands["gpu_boot_unit"] = (f"systemctl show {shlex.quote(expected['gpu_boot_unit']['name'])}"
                                      f" --property={','.join(BOOT_UNIT_STATE)}")
@@ -200,6 +214,16 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         # mode and owner, then the content in base64 (one line: no framing to escape)
         commands[f"managed{index}"] = f"stat -c '%a %U:%G' {path} && base64 -w0 {path}"
     return commands
+
+
+def driver_install_commands(install: dict[str, Any]) -> dict[str, str]:
+    modules = sorted({chosen["module"] for chosen in install["sets"].values() if isinstance(chosen, dict)})
+    return {
+        "driver_release": DRIVER_RELEASE,
+        "driver_packages": f"dpkg-query --show --showformat={shlex.quote(driver_state.DPKG_FORMAT)}",
+        "driver_modules": DRIVER_MODULES.format(modules=" ".join(map(shlex.quote, modules))),
+        "driver_loaded": "cat /sys/module/nvidia/version",
+    }
 
 
 def gpu_reader(expected: dict[str, Any]) -> str:
@@ -309,12 +333,23 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         facts.gpu_boot_unit = dict(line.split("=", 1) for line in out["gpu_boot_unit"].text.splitlines() if "=" in line)
     if "gateway" in out:
         facts.gateway = dict(line.split("=", 1) for line in out["gateway"].text.splitlines() if "=" in line)
+    if "driver_release" in out:
+        parse_driver_install(facts, out)
     facts.vllm_version = out.get("vllm_version")
     if "vllm_venvs" in out:
         facts.vllm_venvs = dict(line.split("=", 1) for line in out["vllm_venvs"].text.splitlines() if "=" in line)
     for index, managed in enumerate(expected.get("managed_files", [])):
         facts.managed_files[managed["path"]] = managed_file(out[f"managed{index}"])
     return facts
+
+
+def parse_driver_install(facts: HostFacts, out: dict[str, Output]) -> None:
+    facts.driver_release = out["driver_release"].text.strip() or None
+    facts.driver_packages = driver_state.parse_dpkg_query(out["driver_packages"].text)
+    for line in out["driver_modules"].text.splitlines():
+        kernel, module, *version = line.split()
+        facts.driver_modules.setdefault(kernel, {})[module] = version[0] if version else ""
+    facts.driver_loaded = out["driver_loaded"].text.strip() if out["driver_loaded"].rc == 0 else None
 
 
 def managed_file(out: Output) -> tuple[tuple[str, str], str] | None:
