@@ -122,6 +122,7 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "gpu": gpu_expectations(variables, variables["nvidia_gpu_devices"]) if variables["nvidia_gpu_devices"] else None,
         "gpu_boot_unit": gpu_boot_unit_expectations(variables) if variables["nvidia_gpu_devices"] else None,
         "vllm_install": vllm_install_expectations(variables),
+        "container_toolkit": container_toolkit_expectations(variables),
         "managed_files": managed_files(variables, plan),
         "gateway": gateway_expectations() if variables["gateway_frontends"] else None,
         "units": [
@@ -299,6 +300,24 @@ def gpu_boot_unit_expectations(variables: dict[str, Any]) -> dict[str, Any]:
         "type": service.get("Type", "simple"),
         "active_after_success": "active" if remains else "inactive",
     }
+
+
+def container_toolkit_expectations(variables: dict[str, Any]) -> dict[str, str] | None:
+    """NVIDIA's container toolkit as role container_engine manages it: its package at the pinned version, held, and
+    the CDI refresh path unit enabled and waiting (the toolkit's own from the version that ships it, the role's
+    before: the role's vars/main.yml); None where the role leaves the toolkit alone, or no container uses a GPU."""
+    if not (variables.get("container_engine_nvidia_toolkit_manage") and variables.get("container_engine_cdi_devices")):
+        return None
+    names = role_vars("container_engine")
+    version = str(variables["container_engine_nvidia_toolkit_version"])
+    refreshes = _release(version) >= _release(names["_container_engine_toolkit_refresh_since"])
+    unit = names["_container_engine_refresh_units"]["toolkit" if refreshes else "own"]
+    return {"package": names["_container_engine_toolkit_package"], "version": version, "path_unit": f"{unit}.path"}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """1.18.0 of 1.18.0-1 (or 1.18.0~rc.1-1), as numbers."""
+    return tuple(int(number) for number in version.split("-")[0].split("~")[0].split("."))
 
 
 def vllm_install_expectations(variables: dict[str, Any]) -> dict[str, str] | None:

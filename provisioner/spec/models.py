@@ -43,6 +43,7 @@ GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # Ansible's rule for group n
 BRANCH_RE = re.compile(r"^[1-9][0-9]{2,3}$")  # a driver branch: the number before the first dot (580)
 DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.95.05, 550.120
 CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
+TOOLKIT_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$")  # a package version: 1.18.0-1
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -96,6 +97,9 @@ _check_driver_version = _matching(
     DRIVER_VERSION_RE, "driver_version", 'is not a driver version — write it as nvidia-smi prints it, quoted '
     '(e.g. "580.95.05")')
 _check_cuda = _matching(CUDA_RE, "cuda", 'is not a CUDA version — write major.minor, quoted (e.g. "12.9")')
+_check_toolkit_version = _matching(
+    TOOLKIT_VERSION_RE, "toolkit_version", "is not a version of NVIDIA's toolkit package — write it as apt shows it, "
+    'quoted (e.g. "1.18.0-1")')
 _check_digest = _matching(
     DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
 )
@@ -179,6 +183,7 @@ Digest = Annotated[str, AfterValidator(_check_digest), _schema_pattern(DIGEST_RE
 DriverBranch = Annotated[str, AfterValidator(_check_branch), _schema_pattern(BRANCH_RE)]
 DriverVersion = Annotated[str, AfterValidator(_check_driver_version), _schema_pattern(DRIVER_VERSION_RE)]
 CudaVersion = Annotated[str, AfterValidator(_check_cuda), _schema_pattern(CUDA_RE)]
+ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit_version), _schema_pattern(TOOLKIT_VERSION_RE)]
 
 
 class _Model(BaseModel):
@@ -300,6 +305,20 @@ class DriverSettings(_Model):
         True, description="hold the packages (apt-mark hold): only apply moves the driver, not an upgrade")
 
 
+class ContainerToolkitSettings(_Model):
+    """NVIDIA's container toolkit, for the host's instances that run in containers on its GPUs (CDI devices):
+    installed from NVIDIA's repository at a pinned version and held by apply (role container_engine), the GPUs'
+    CDI spec regenerated when the driver changes. Without this section the toolkit is the host's own: apply only
+    generates the CDI spec with its nvidia-ctk where a GPU is not declared."""
+
+    manage: bool = Field(
+        True, description="apply installs nvidia-container-toolkit-base at the version and holds it; false: the "
+                          "host's own toolkit")
+    version: ToolkitVersion = Field(
+        "1.18.0-1", description='the package\'s version, quoted ("1.18.0-1"); from 1.18.0 the toolkit\'s own '
+                                'nvidia-cdi-refresh units regenerate the spec, before it the role\'s')
+
+
 class Host(_Model):
     """A GPU server."""
 
@@ -313,6 +332,9 @@ class Host(_Model):
     driver: DriverSettings | None = Field(
         None, description="the NVIDIA driver apply installs and holds (or declares, manage: false); null: left "
                           "alone, only checked against what the host's vLLM needs (read from the host at apply)")
+    container_toolkit: ContainerToolkitSettings | None = Field(
+        None, description="NVIDIA's container toolkit apply installs and holds for the host's containers (CDI); "
+                          "null: the host's own")
     groups: list[GroupName] = Field(
         default_factory=list, description="inventory groups the host belongs to (besides vllm_hosts), e.g. [rack_a]; "
         "HOST arguments of plan/apply/audit accept them; the host takes the values of those with an entry under "
@@ -341,6 +363,8 @@ SharedGpus = Annotated[GpuPolicy | None, Field(
 SharedVllm = Annotated[VllmSettings | None, Field(description="any fields of hosts[].vllm; null: none")]
 SharedDriver = Annotated[DriverSettings | None, Field(
     description="any fields of hosts[].driver (a host that takes any has a driver section); null: none")]
+SharedToolkit = Annotated[ContainerToolkitSettings | None, Field(
+    description="any fields of hosts[].container_toolkit (a host that takes any has that section); null: none")]
 
 
 class HostDefaults(_Model):
@@ -352,6 +376,7 @@ class HostDefaults(_Model):
     gpus: SharedGpus = None
     vllm: SharedVllm = None
     driver: SharedDriver = None
+    container_toolkit: SharedToolkit = None
 
 
 class HostGroup(_Model):
@@ -364,6 +389,7 @@ class HostGroup(_Model):
     gpus: SharedGpus = None
     vllm: SharedVllm = None
     driver: SharedDriver = None
+    container_toolkit: SharedToolkit = None
 
 
 class Container(_Model):

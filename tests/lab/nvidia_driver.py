@@ -257,10 +257,18 @@ def _build_doubles_repo(repo: Path) -> None:
     for version in DOUBLE_VERSIONS.values():
         for name, package in double_packages(version).items():
             _build_deb(partial, name, version, package)
+    sign_flat_repo(partial, "TEST DOUBLE of NVIDIA's CUDA repository")
+    shutil.rmtree(repo, ignore_errors=True)
+    partial.rename(repo)
+
+
+def sign_flat_repo(partial: Path, label: str) -> None:
+    """The Packages index of the debs in `partial`, its Release signed (InRelease) with a throwaway key whose
+    public half is DOUBLE_KEY and whose fingerprint is in the file `fingerprint`."""
     packages = "\n".join(package_stanza(deb) for deb in sorted(partial.glob("*.deb"))).encode()
     (partial / "Packages").write_bytes(packages)
     (partial / "Release").write_text(
-        "Origin: vllm-provision lab\nLabel: TEST DOUBLE of NVIDIA's CUDA repository\n"
+        f"Origin: vllm-provision lab\nLabel: {label}\n"
         f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}\n"
         f"SHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n")
     with tempfile.TemporaryDirectory(prefix="vp-lab-gpg-") as home:
@@ -275,5 +283,3 @@ def _build_doubles_repo(repo: Path) -> None:
                                  text=True).stdout
     fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
     (partial / "fingerprint").write_text(fingerprint + "\n")
-    shutil.rmtree(repo, ignore_errors=True)
-    partial.rename(repo)

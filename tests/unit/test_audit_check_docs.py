@@ -91,8 +91,9 @@ TWO_GPUS = {"devices": [{"index": 0, "uuid": UUID0}, {"index": 1, "uuid": UUID1}
 
 
 def containers_spec() -> dict:
-    """One podman and one docker instance (their checks run only where the spec has containers)."""
-    return spec_data(hosts=[host(gpus=TWO_GPUS)], instances=[
+    """One podman and one docker instance (their checks run only where the spec has containers), with NVIDIA's
+    container toolkit managed (its checks run only there)."""
+    return spec_data(hosts=[host(gpus=TWO_GPUS, container_toolkit={"version": "1.18.0-1"})], instances=[
         instance("pod", 8000, 0.45, gpus=[0, 1], options={"tensor-parallel-size": 2},
                  container={"engine": "podman", "shm_size": "16G"}),
         instance("dock", 8001, 0.45, gpus=[1], container={"engine": "docker", "digest": "sha256:" + "0f" * 32,

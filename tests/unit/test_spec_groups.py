@@ -140,7 +140,7 @@ def test_apply_of_a_group_checks_only_its_hosts_before_touching_any(tmp_path):
      "groups[0].settings.shm_sise: unknown key 'shm_sise' — did you mean 'shm_size'? allowed keys: swappiness, sysctls, "
      "shm_size, nouveau_blacklist"),
     ({"name": "rack_a", "colour": "blue"},
-     "groups[0].colour: unknown key 'colour' — allowed keys: name, ssh, settings, gpus, vllm, driver"),
+     "groups[0].colour: unknown key 'colour' — allowed keys: name, ssh, settings, gpus, vllm, driver, container_toolkit"),
     ({"name": "rack_a", "settings": {"shm_size": "32GB"}},
      "groups[0].settings.shm_size: '32GB' is not a size — write a number with a K, M, G or T suffix (e.g. 16G), or "
      "null to leave /dev/shm as it is"),

@@ -133,6 +133,10 @@ class HostFacts:
     driver_modules: dict[str, dict[str, str]] = field(default_factory=dict)
     driver_loaded: str | None = None
     vllm_version: Output | None = None  # the venv's vLLM version (VLLM_VERSION's output and exit status)
+    # NVIDIA's container toolkit: the package's `Version db:Status-Abbrev` ('' when not installed), and
+    # `systemctl show` of the CDI refresh path unit
+    toolkit_package: str | None = None
+    toolkit_unit: dict[str, str] = field(default_factory=dict)
     vllm_venvs: dict[str, str] = field(default_factory=dict)  # VLLM_VENVS: current, previous, venvs, unversioned
     # each managed file (expected["managed_files"]) by path: ((mode, owner:group), its content); None: absent
     managed_files: dict[str, tuple[tuple[str, str], str] | None] = field(default_factory=dict)
@@ -203,6 +207,12 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     if expected.get("gateway"):
         commands["gateway"] = (f"systemctl show {shlex.quote(expected['gateway']['name'])}"
                                " --property=LoadState,UnitFileState,ActiveState")
+    if expected.get("container_toolkit"):
+        toolkit = expected["container_toolkit"]
+        commands["toolkit_package"] = (f"dpkg-query --show --showformat='${{Version}} ${{db:Status-Abbrev}}' "
+                                       f"{shlex.quote(toolkit['package'])} 2>/dev/null; true")
+        commands["toolkit_unit"] = (f"systemctl show {shlex.quote(toolkit['path_unit'])}"
+                                    " --property=LoadState,UnitFileState,ActiveState,SubState")
     if expected.get("vllm_install"):
         python = shlex.quote(f"{expected['vllm_install']['venv']}/bin/python")
         commands["vllm_version"] = f"[ -x {python} ] || {{ echo no {python}; exit 4; }}; {python} -c {shlex.quote(VLLM_VERSION)}"
@@ -336,6 +346,9 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     if "driver_release" in out:
         parse_driver_install(facts, out)
     facts.vllm_version = out.get("vllm_version")
+    if "toolkit_package" in out:
+        facts.toolkit_package = out["toolkit_package"].text.strip()
+        facts.toolkit_unit = dict(line.split("=", 1) for line in out["toolkit_unit"].text.splitlines() if "=" in line)
     if "vllm_venvs" in out:
         facts.vllm_venvs = dict(line.split("=", 1) for line in out["vllm_venvs"].text.splitlines() if "=" in line)
     for index, managed in enumerate(expected.get("managed_files", [])):
