@@ -83,6 +83,7 @@ class ApplyResult:
     problems: list[TaskResult] = field(default_factory=list)
     output_tail: str = ""  # Ansible's own last output lines, for errors before any task ran
     turns: dict[str, HostTurn] = field(default_factory=dict)  # each host's batch and time window
+    turns_since: float | None = None  # the wall clock (time.time()) the turns' seconds count from
 
     @property
     def succeeded(self) -> bool:
@@ -428,7 +429,8 @@ def run_playbook(
         )
         rc = runner.rc if runner.rc is not None else 1
         output_tail = "" if stats else "\n".join(runner.stdout.read().strip().splitlines()[-20:])
-    return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns)
+    return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns,
+                       turns_since=timeline.started_at)
 
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:

@@ -68,6 +68,7 @@ class Timeline:
     turns: dict[str, HostTurn] = field(default_factory=dict)
     batch: int = 0
     in_hosts_play: bool = False
+    started_at: float = field(default_factory=time.time)  # the wall clock the turns count from (to match logs)
     _start: float = field(default_factory=time.monotonic)
 
     def read(self, event: dict) -> None:

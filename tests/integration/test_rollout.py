@@ -103,11 +103,18 @@ class Run:
     seconds: float
     starts: dict[str, list[float]]  # host -> its unit's starts, seconds after the apply began
 
+    @property
+    def offset(self) -> float:
+        """Seconds from the apply's start to the playbook's, which the turns count from (the preflight between)."""
+        return (self.result.turns_since or self.started) - self.started
+
     def timeline(self, fleet: Fleet) -> str:
+        """The turns and the unit starts on one clock: seconds after the apply began."""
         lines = [f"apply: {self.seconds:.1f} s, {self.report.summary()}"]
         for host in fleet.serving:
             turn = self.result.turns.get(host.name)
-            window = f"batch {turn.batch}, {turn.started:5.1f}-{turn.ended:5.1f} s" if turn else "untouched"
+            window = (f"batch {turn.batch}, {turn.started + self.offset:5.1f}-{turn.ended + self.offset:5.1f} s"
+                      if turn else "untouched")
             starts = ", ".join(f"{start:.1f} s" for start in self.starts[host.name]) or "none"
             lines.append(f"  {host.name}: {window}; unit started at {starts}")
         return "\n".join([*lines, self.report.text()])
@@ -160,10 +167,11 @@ def assert_rolled_without_a_failed_request(run: Run, fleet: Fleet) -> None:
     assert run.report.sent >= RATE * run.seconds * 0.9
     assert [run.result.turns[host.name].batch for host in fleet.serving] == [1, 2, 3], run.timeline(fleet)
     windows = []
+    offset = run.offset
     for host in fleet.serving:
         turn = run.result.turns[host.name]
         (start,) = run.starts[host.name]  # restarted once
-        assert turn.started <= start + 1 and start <= turn.ended + 1, run.timeline(fleet)  # during its turn
+        assert turn.started + offset <= start + 1 and start <= turn.ended + offset + 1, run.timeline(fleet)  # in its turn
         windows.append((turn.started, turn.ended))
     assert all(earlier[1] <= later[0] for earlier, later in zip(windows, windows[1:])), run.timeline(fleet)
 
