@@ -368,12 +368,16 @@ def test_facts_json_has_the_branch_and_a_verdict_per_build(tmp_path):
 # --------------------------------------------------------------------------- the audit's row
 
 
-def driver_row():
-    """The suite's check, imported as the audit's pytest run imports it (not collected here; its `audit_each`
-    mark is registered by the audit's plugin only)."""
+def suite_check(name: str):
+    """A check of the suite's driver file, imported as the audit's pytest run imports it (not collected here;
+    its `audit_each` mark is registered by the audit's plugin only)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        return importlib.import_module("provisioner.audit.suite.test_nvidia_driver").test_driver_runs_the_vllm_build
+        return getattr(importlib.import_module("provisioner.audit.suite.test_nvidia_driver"), name)
+
+
+def driver_row():
+    return suite_check("test_driver_runs_the_vllm_build")
 
 
 def run_row(expected: dict, query_csv: str):
@@ -433,11 +437,8 @@ def driver_facts(expected: dict, dpkg: str, modules: str, loaded: str | None = N
 
 def run_driver_rows(expected: dict, facts) -> dict[str, tuple[str, str, str]]:
     """Each row of role nvidia_driver as the audit reports it: check -> (status, expected, actual)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        suite = importlib.import_module("provisioner.audit.suite.test_nvidia_driver")
     rows = {}
-    for check in (suite.test_driver_packages, suite.test_driver_module_built, suite.test_driver_loaded):
+    for check in map(suite_check, ("test_driver_packages", "test_driver_module_built", "test_driver_loaded")):
         item = SimpleNamespace(user_properties=[])
         status = "passed"
         try:
