@@ -44,13 +44,13 @@ KV_BYTES = 20 * 1024 ** 3  # a fixed KV cache: what 0.40 of the card leaves afte
 WORDS = [f"w{index}" for index in range(2000)]
 
 
-def start(port: int, cache: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, float]:
+def start(port: int, cache: Path, log: Path, *extra: str, share: str | float = SHARE) -> tuple[subprocess.Popen, float]:
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(STAGE / "model"),
                "--tokenizer", str(STAGE / "tok"), "--load-format", "dummy", "--port", str(port),
                "--served-model-name", "m", "--max-model-len", "4096", "--shutdown-timeout", "5", *extra]
     # with a fixed KV cache vLLM 0.25.0 still refuses to start unless the card has the share free (its
     # default, 0.92, when not given): the share goes with it
-    command += ["--gpu-memory-utilization", str(SHARE)]
+    command += ["--gpu-memory-utilization", str(share)]
     env = {**os.environ, **BUNDLE_ENV, "VLLM_CACHE_ROOT": str(cache)}
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True), time.monotonic()
@@ -87,11 +87,15 @@ def ready(port: int, process: subprocess.Popen, started: float, limit_s: float =
     raise RuntimeError(f"server on {port} not ready after {limit_s} s")
 
 
-def ttft(port: int, words: int, out_tokens: int, results: list) -> None:
-    """One streamed completion: seconds to its first token, and to its end."""
+GREEDY = {"temperature": 0}
+
+
+def ttft(port: int, words: int, out_tokens: int, results: list, sampling: dict = GREEDY) -> None:
+    """One streamed completion: seconds to its first token, and to its end. `sampling`: the request's
+    sampling fields ({} leaves the model's own defaults, its generation_config.json)."""
     prompt = " ".join(random.choice(WORDS) for _ in range(words))
     body = {"model": "m", "prompt": prompt, "max_tokens": out_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0}
+            **sampling}
     sent = time.monotonic()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     first = None
@@ -109,10 +113,11 @@ def ttft(port: int, words: int, out_tokens: int, results: list) -> None:
         connection.close()
 
 
-def batch(port: int, users: int = USERS, words: int = PROMPT_WORDS, out_tokens: int = OUT_TOKENS) -> dict:
+def batch(port: int, users: int = USERS, words: int = PROMPT_WORDS, out_tokens: int = OUT_TOKENS,
+          sampling: dict = GREEDY) -> dict:
     """`users` streamed completions sent together: their TTFTs (sorted) and the p50/p99/max."""
     results: list = []
-    threads = [threading.Thread(target=ttft, args=(port, words, out_tokens, results)) for _ in range(users)]
+    threads = [threading.Thread(target=ttft, args=(port, words, out_tokens, results, sampling)) for _ in range(users)]
     for thread in threads:
         thread.start()
     for thread in threads:
