@@ -186,7 +186,8 @@ def test_the_readiness_probe_run_by_systemd_gets_exactly_the_served_name(install
     assert sorted(probed) == sorted(unit.instance for unit in plan.units)
     for unit in plan.units:
         argv = probed[unit.instance]
-        assert argv[argv.index("--model"):] == ["--model", _value(unit.instance), "--timeout", "1740", "--pid="], argv
+        assert argv[argv.index("--model"):] == ["--model", _value(unit.instance), "--timeout", "1740", "--warm-up",
+                                                 "--pid="], argv
 
 
 def test_the_quadlet_health_command_gets_exactly_the_served_name_from_sh(installed):

@@ -355,3 +355,32 @@ class Load:
         if finish is None or (finish != "stop" and tokens < self.max_tokens):
             return "short", got, tokens
         return OK, "", tokens
+
+
+def first_token_seconds(address: str, port: int, model: str, users: int, sampling: dict | None = None,
+                        timeout: float = 60.0) -> list[float]:
+    """`users` streamed completions sent together (the first users after a start), in the model's own
+    sampling unless `sampling` sets fields: each one's seconds to its first token, sorted."""
+    seconds: list[float] = []
+
+    def one() -> None:
+        connection = http.client.HTTPConnection(address, port, timeout=timeout)
+        sent = time.monotonic()
+        body = {"model": model, "prompt": "hello", "max_tokens": 4, "stream": True, **(sampling or {})}
+        try:
+            connection.request("POST", "/v1/completions", body=json.dumps(body))
+            for line in connection.getresponse():
+                if line.startswith(b"data: {"):
+                    seconds.append(time.monotonic() - sent)
+                    break
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(users)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(seconds) != users:
+        raise AssertionError(f"{users - len(seconds)} of {users} requests got no first token")
+    return sorted(seconds)

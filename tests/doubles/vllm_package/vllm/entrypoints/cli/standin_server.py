@@ -5,7 +5,8 @@ options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /
 Timing, so that `vllm bench serve` measures something: STANDIN_TTFT_MS before the first token,
 STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generating at once (the rest
 wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
-model load.
+model load. STANDIN_SAMPLER_JIT_S: the stall of the first batch of 8 requests sampling with the model's
+defaults (vllm/standin_sampler.py, as recorded on the H200).
 
 A vLLM that cannot start (a wheel built with fails_at_start: tests/doubles/vllm_wheel.py): the options
 parsed, it writes a traceback ending in that message to stderr, as vLLM dies of a fatal start-up error
@@ -34,6 +35,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm.standin_sampler import Sampler
 
 PROTECTED = ("/v1/",)
 POLL_S = 0.05  # how soon a SIGTERM is acted on
@@ -63,6 +65,7 @@ def serve(options):
     per_token_s = float(os.environ.get("STANDIN_TPOT_MS", "1")) / 1000
     running = threading.BoundedSemaphore(int(options.get("max_num_seqs") or 256))
     streams = Streams()
+    sampler = Sampler()  # the first batch's compile stall (STANDIN_SAMPLER_JIT_S)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
@@ -110,15 +113,19 @@ def serve(options):
             usage = {"prompt_tokens": len(str(prompt).split()) or 1, "completion_tokens": tokens}
             usage["total_tokens"] = usage["prompt_tokens"] + tokens
             if not request.get("stream"):
+                with running, sampler.row(request):
+                    time.sleep(first_token_s)
+                    sampler.wait()
                 return self._send(200, {"object": "text_completion", "model": request["model"],
                                         "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
                                         "usage": usage})
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with running, streams.one():
+            with running, streams.one(), sampler.row(request):
                 time.sleep(first_token_s)
                 for index in range(tokens):
+                    sampler.wait()
                     if index:
                         time.sleep(per_token_s)
                     if streams.aborted.is_set():
