@@ -2,9 +2,10 @@
 (the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
 token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
 options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health.
-Timing, so that `vllm bench serve` measures something: STANDIN_TTFT_MS before the first token,
-STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generating at once (the rest
-wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
+Timing, so that `vllm bench serve` measures something: the TEST DOUBLE vllm/standin_latency.py, a
+scheduler stepping as vLLM's: STANDIN_TTFT_MS before a request is scheduled, STANDIN_TPOT_MS a batch-1
+step, at most --max-num-seqs requests generating at once (the rest wait), prompts in chunks of
+--max-num-batched-tokens; CUDA-graph sizes, --performance-mode and --async-scheduling change a step. STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
 model load.
 
 A vLLM that cannot start (a wheel built with fails_at_start: tests/doubles/vllm_wheel.py): the options
@@ -34,6 +35,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm.standin_latency import Engine, Settings
 
 PROTECTED = ("/v1/",)
 POLL_S = 0.05  # how soon a SIGTERM is acted on
@@ -59,9 +61,7 @@ def serve(options):
     }
     if "VLLM_API_KEY" in process["env"]:  # never expose the secret itself
         process["env"]["VLLM_API_KEY"] = "<set>"
-    first_token_s = float(os.environ.get("STANDIN_TTFT_MS", "5")) / 1000
-    per_token_s = float(os.environ.get("STANDIN_TPOT_MS", "1")) / 1000
-    running = threading.BoundedSemaphore(int(options.get("max_num_seqs") or 256))
+    engine = Engine(Settings(options, os.environ.get("STANDIN_TTFT_MS", "5"), os.environ.get("STANDIN_TPOT_MS", "1")))
     streams = Streams()
 
     class Handler(BaseHTTPRequestHandler):
@@ -116,11 +116,9 @@ def serve(options):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with running, streams.one():
-                time.sleep(first_token_s)
+            with streams.one(), engine.sequence(usage["prompt_tokens"], tokens) as sequence:
                 for index in range(tokens):
-                    if index:
-                        time.sleep(per_token_s)
+                    engine.next_token(sequence, streams.aborted)
                     if streams.aborted.is_set():
                         self._event({"object": "text_completion", "model": request["model"],
                                      "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]})
