@@ -176,21 +176,21 @@ def search(axes: tuple[Axis, ...], measure: Measure, budget: Budget | None = Non
     durations: list[float] = []
 
     def run(candidate: Candidate) -> Outcome | None:
+        """Measure one candidate (a skipped one counts toward neither budget)."""
         if budget.candidates is not None and len(durations) >= budget.candidates:
             raise _BudgetSpent(f"stopped at the budget of {budget.candidates} candidates")
         if budget.seconds is not None and durations:
-            elapsed = budget.clock() - start
-            if elapsed + sum(durations) / len(durations) > budget.seconds:
+            elapsed, each = budget.clock() - start, sum(durations) / len(durations)
+            if elapsed + each > budget.seconds:
                 raise _BudgetSpent(f"stopped at the time budget: {elapsed:.0f} s of {budget.seconds:.0f} s spent, "
-                                   f"a candidate takes about {sum(durations) / len(durations):.0f} s")
+                                   f"a candidate takes about {each:.0f} s")
         began = budget.clock()
         try:
             outcome = measure(candidate)
         except Skipped as why:
             result.notes.append(f"{candidate.label}: skipped — {why}")
             return None
-        finally:
-            durations.append(budget.clock() - began)
+        durations.append(budget.clock() - began)
         result.outcomes.append(outcome)
         return outcome
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.bench.results import RunSet, load_run_set
+from provisioner.bench.results import Run, RunSet, load_run_set
 from provisioner.spec import SpecError, load_spec
 from provisioner.tune.measure import RecordedResults, parse_label, replay
 from provisioner.tune.plot import plot_pareto
@@ -143,7 +143,6 @@ def _fake(table: dict[str, tuple[float, float]], slo_text="ttft_p99<=100ms"):
             raise Skipped("not in the table")
         throughput, ttft = table[candidate.label]
         run_set = RunSet(candidate.label, {})
-        from provisioner.bench.results import Run
         run_set.runs.append(Run(16, 1, 1, {"completed": 10, "output_throughput": throughput, "median_tpot_ms": 1.0,
                                            "p99_ttft_ms": ttft}))
         return evaluate(run_set, slo, candidate.label, candidate.as_dict())
@@ -273,3 +272,63 @@ def test_write_leaves_the_spec_alone_when_the_result_would_not_validate(tmp_path
     assert path.read_text() == SPEC
     assert yaml.safe_load(edit_options(SPEC, "chat", {"max-num-seqs": None}, "x"))["instances"][0]["options"] == {
         "max-model-len": 4096}
+
+
+# --- the command line, offline (--from-results): nothing reaches a host -----------------------------
+
+def _cli(tmp_path, *args):
+    from typer.testing import CliRunner
+
+    from provisioner.cli.main import app
+    spec = tmp_path / "spec.yml"
+    if not spec.exists():
+        spec.write_text(SPEC)
+    recorded = tmp_path / "recorded"
+    if not recorded.exists():
+        shutil.copytree(RECORDED / "conc-defaults", recorded / "baseline")
+        shutil.copytree(RECORDED / "conc-latency", recorded / "performance-mode=interactivity")
+    return CliRunner().invoke(app, ["tune", "chat", "--spec", str(spec), "--from-results", str(recorded), *args],
+                              env={"COLUMNS": "200", "NO_COLOR": "1", "PROVISION_SPEC": ""})
+
+
+def test_tune_from_recorded_results_prints_the_table_the_winner_and_writes_it(tmp_path):
+    outcome = _cli(tmp_path, "--slo", "itl_p99<=126ms,ttft_p99<=800ms", "--space",
+                   "performance-mode=interactivity", "--write")
+    assert outcome.exit_code == 0, outcome.output
+    lines = outcome.output.splitlines()
+    assert any("baseline" in line and "5548" in line and "127.71" in line and "no" in line for line in lines), outcome.output
+    assert any("performance-mode=interactivity" in line and "5631" in line and "+1.5 %" in line and "yes" in line
+               for line in lines), outcome.output
+    assert "winner: performance-mode=interactivity — 5631 output tok/s at concurrency 64, meets " \
+           "itl_p99<=126ms,ttft_p99<=800ms" in outcome.output
+    assert "side by side on one GPU: none of these candidates" in outcome.output
+    assert (tmp_path / "recorded" / "pareto.png").stat().st_size > 10_000
+    written = load_spec(tmp_path / "spec.yml")
+    assert written.instances[0].options == {"max-model-len": 4096, "max-num-seqs": 8, "performance-mode": "interactivity"}
+    assert "    # provision tune " in (tmp_path / "spec.yml").read_text()
+    assert f"run set {tmp_path}/recorded/performance-mode=interactivity, load concurrent, SLO itl_p99<=126ms," \
+           "ttft_p99<=800ms: 5631 output tok/s at concurrency 64\n" in (tmp_path / "spec.yml").read_text()
+
+
+def test_tune_when_nothing_meets_the_slo_names_the_closest_writes_nothing_and_exits_1(tmp_path):
+    outcome = _cli(tmp_path, "--slo", "ttft_p99<=700ms", "--space", "performance-mode=interactivity", "--write")
+    assert outcome.exit_code == 1, outcome.output
+    assert "no candidate meets ttft_p99<=700ms; the closest: baseline (ttft_p99<=700ms: 106 % of its limit)" in outcome.output
+    assert (tmp_path / "spec.yml").read_text() == SPEC
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--slo", "ttft_p99<200ms"), "error: --slo term 'ttft_p99<200ms': a latency bound is an upper limit"),
+    (("--slo", "ttft_p99<=200ms", "--space", "max_num_seq=8"),
+     "error: the search space has flags or values vLLM would reject: max-num-seq=8: vLLM 0.25.0 has no flag "
+     "--max-num-seq — did you mean 'max-num-seqs'"),
+    (("--slo", "ttft_p99<=200ms", "--load", "chatt"), "error: no load profile 'chatt' — choose one of: chat,"),
+    (("--slo", "ttft_p99<=200ms", "--from-results", "/nonexistent/t"), "error: --from-results /nonexistent/t: no "
+     "such folder — give the folder holding one run set per candidate"),
+])
+def test_tune_refuses_bad_input_in_one_line_before_anything_runs(tmp_path, args, message):
+    outcome = _cli(tmp_path, *args)
+    assert outcome.exit_code == 2, outcome.output
+    assert message in outcome.output.replace("\n", " ")
+    assert outcome.exception is None or isinstance(outcome.exception, SystemExit)
+    assert not (tmp_path / "recorded" / "pareto.png").exists()
