@@ -4,12 +4,15 @@ the real vLLM 0.25.0 (tests/fixtures/vllm/h200-bench), and --write's edit of the
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+from provisioner.bench.command import Endpoint, bench_argv
+from provisioner.bench.loads import get_load
 from provisioner.bench.results import Run, RunSet, load_run_set
 from provisioner.spec import SpecError, load_spec
 from provisioner.tune.measure import RecordedResults, parse_label, replay
@@ -18,6 +21,7 @@ from provisioner.tune.search import Budget, Candidate, Outcome, Skipped, choose,
 from provisioner.tune.slo import SloError, parse_slo
 from provisioner.tune.space import AXES, Axis, SpaceError, option_changes, search_space, side_by_side_groups
 from provisioner.tune.write import edit_options, write_winner
+from provisioner.vllm.flags import CATALOGS_DIR, supported_versions
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "vllm" / "h200-bench" / "results"
 
@@ -37,6 +41,15 @@ def test_a_goodput_slo_becomes_vllms_goodput_arguments():
     assert slo.min_goodput == 0.95 and slo.goodput_args() == ["ttft:200", "tpot:50"]
     # 0.97 of the requests good against 0.95 needed: 0.03 missed of the 0.05 allowed
     assert slo.ratios({"request_goodput": 9.7, "request_throughput": 10.0}) == {"goodput>=95%": pytest.approx(0.6)}
+
+
+@pytest.mark.parametrize("version", supported_versions())
+def test_the_goodput_bounds_go_to_vllm_bench_serve_as_its_own_option(version):
+    argv = bench_argv("vllm", Endpoint("http://127.0.0.1:8000", "chat", "/tok"), get_load("smoke"), 4, 1, "/tmp/r",
+                      "c4-r1.json", goodput=tuple(parse_slo("goodput>=95%,ttft<=200ms,e2el<=2s").goodput_args()))
+    assert argv[argv.index("--goodput"):argv.index("--goodput") + 3] == ["--goodput", "ttft:200", "e2el:2000"]
+    catalog = json.loads((CATALOGS_DIR / f"vllm-{version}.json").read_text())
+    assert {word[2:] for word in argv if word.startswith("--")} <= set(catalog["commands"]["bench serve"]["options"])
 
 
 @pytest.mark.parametrize("text, message", [
