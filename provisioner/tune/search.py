@@ -153,7 +153,6 @@ class SearchResult:
     outcomes: list[Outcome] = field(default_factory=list)  # in the order measured
     kept: Candidate = Candidate()
     notes: list[str] = field(default_factory=list)  # skipped candidates, where the budget stopped it
-    planned: int = 0  # candidates the search would have measured without a budget
     min_gain: float = MIN_GAIN
 
     @property
@@ -171,7 +170,7 @@ def search(axes: tuple[Axis, ...], measure: Measure, budget: Budget | None = Non
     instance's options as deployed (a value it already has is not measured again)."""
     budget = budget or Budget()
     deployed = {key.replace("_", "-"): value for key, value in (deployed or {}).items()}
-    result = SearchResult(planned=1 + sum(len(axis.values) for axis in axes), min_gain=min_gain)
+    result = SearchResult(min_gain=min_gain)
     start = budget.clock()
     durations: list[float] = []
 
