@@ -5,8 +5,8 @@ options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /
 Timing, so that `vllm bench serve` measures something: the TEST DOUBLE vllm/standin_latency.py, a
 scheduler stepping as vLLM's: STANDIN_TTFT_MS before a request is scheduled, STANDIN_TPOT_MS a batch-1
 step, at most --max-num-seqs requests generating at once (the rest wait), prompts in chunks of
---max-num-batched-tokens; CUDA-graph sizes, --performance-mode and --async-scheduling change a step. STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
-model load.
+--max-num-batched-tokens; CUDA-graph sizes, --performance-mode and --async-scheduling change a step.
+STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow model load.
 
 A vLLM that cannot start (a wheel built with fails_at_start: tests/doubles/vllm_wheel.py): the options
 parsed, it writes a traceback ending in that message to stderr, as vLLM dies of a fatal start-up error
