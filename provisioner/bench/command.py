@@ -27,8 +27,10 @@ class Endpoint:
 
 
 def bench_argv(vllm: str, endpoint: Endpoint, load: Load, concurrency: int, seed: int,
-               result_dir: str, result_filename: str, metadata: dict[str, str] | None = None) -> list[str]:
-    """argv of one `vllm bench serve` run (vllm: the `vllm` executable on the host)."""
+               result_dir: str, result_filename: str, metadata: dict[str, str] | None = None,
+               goodput: tuple[str, ...] = ()) -> list[str]:
+    """argv of one `vllm bench serve` run (vllm: the `vllm` executable on the host); goodput: vLLM's
+    per-request SLO (`ttft:200` …), its result then holds request_goodput."""
     argv = [
         vllm, "bench", "serve",
         "--backend", "vllm",
@@ -53,6 +55,8 @@ def bench_argv(vllm: str, endpoint: Endpoint, load: Load, concurrency: int, seed
         "--result-dir", result_dir,
         "--result-filename", result_filename,
     ]
+    if goodput:
+        argv += ["--goodput", *goodput]
     if metadata:
         argv += ["--metadata", *(f"{key}={value}" for key, value in metadata.items())]
     return argv

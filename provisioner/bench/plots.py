@@ -23,14 +23,7 @@ class PlotsUnavailable(RuntimeError):
 
 def plot_run_sets(run_sets: list[RunSet], path: Path, title: str = "", floor_ms: float | None = None) -> Path:
     """Write one PNG with a panel per metric family; one colour per run set."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlotsUnavailable(f"no plot drawn: matplotlib is not installed — for plots: {PLOT_EXTRA}") from None
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
+    pyplot = load_pyplot()
     figure, axes = pyplot.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.8), constrained_layout=True)
     concurrencies = sorted({c for run_set in run_sets for c in run_set.concurrencies})
     for axis, (panel_title, lines, unit) in zip(axes, PANELS):
@@ -54,6 +47,23 @@ def plot_run_sets(run_sets: list[RunSet], path: Path, title: str = "", floor_ms:
         axis.legend(fontsize=7)
     if title:
         figure.suptitle(title)
+    return save(pyplot, figure, path)
+
+
+def load_pyplot():
+    """matplotlib's pyplot on the Agg backend (files, no display), or PlotsUnavailable saying how to get it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotsUnavailable(f"no plot drawn: matplotlib is not installed — for plots: {PLOT_EXTRA}") from None
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    return pyplot
+
+
+def save(pyplot, figure, path: Path) -> Path:
+    """The figure as a PNG at `path` (its folder made), then closed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     pyplot.close(figure)

@@ -19,7 +19,7 @@ from typing import Any
 from provisioner.secrets import redact_data
 
 # the metrics a summary keeps: vLLM's result keys (latencies in ms, throughputs per second)
-THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput")
+THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
 LATENCIES = tuple(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
                   for stat in ("mean", "median", "p50", "p90", "p99"))
 COUNTS = ("completed", "failed", "duration")

@@ -35,8 +35,8 @@ def run_set_name(target: BenchTarget, now: datetime | None = None) -> str:
 
 
 def run_bench(target: BenchTarget, load: Load, repeats: int, name: str, on_run: OnRun | None = None,
-              meta: dict[str, Any] | None = None) -> RunSet:
-    """Run the load `repeats` times against the target; every request must complete."""
+              meta: dict[str, Any] | None = None, goodput: tuple[str, ...] = ()) -> RunSet:
+    """Run the load `repeats` times against the target; every request must complete (goodput: see bench_argv)."""
     shell = target.shell
     remote_dir = shell.run("mktemp -d /tmp/provision-bench.XXXXXX").stdout.strip()
     run_set = RunSet(name, {**describe(target, load, repeats), **(meta or {})})
@@ -45,7 +45,7 @@ def run_bench(target: BenchTarget, load: Load, repeats: int, name: str, on_run: 
             for concurrency in load.concurrency:
                 if on_run:
                     on_run("start", concurrency, repeat, None)
-                run = one_run(target, load, concurrency, repeat, remote_dir)
+                run = one_run(target, load, concurrency, repeat, remote_dir, goodput)
                 run_set.runs.append(run)
                 if on_run:
                     on_run("done", concurrency, repeat, run)
@@ -54,11 +54,12 @@ def run_bench(target: BenchTarget, load: Load, repeats: int, name: str, on_run: 
     return run_set
 
 
-def one_run(target: BenchTarget, load: Load, concurrency: int, repeat: int, remote_dir: str) -> Run:
+def one_run(target: BenchTarget, load: Load, concurrency: int, repeat: int, remote_dir: str,
+            goodput: tuple[str, ...] = ()) -> Run:
     seed = secrets.randbelow(2**31)
     file_name = f"c{concurrency}-r{repeat}.json"
     argv = bench_argv(target.vllm, target.endpoint, load, concurrency, seed, remote_dir, file_name,
-                      metadata={"instance": target.name, "load": load.name})
+                      metadata={"instance": target.name, "load": load.name}, goodput=goodput)
     command = shell_command(argv, env=target.environment, key_on_stdin=target.api_key is not None)
     stdin = f"{target.api_key}\n" if target.api_key is not None else None
     try:

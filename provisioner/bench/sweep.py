@@ -46,26 +46,31 @@ def parse_sweep(text: str) -> Sweep:
 def swept_specs(spec: Spec, instance_name: str, sweep: Sweep) -> list[tuple[Any, Spec]]:
     """The spec with the instance's flag set to each value; every one validated (SpecError) and
     planned (memory) before anything runs."""
+    return [(value, changed_spec(spec, instance_name, {sweep.flag: value}, f"--sweep {sweep.flag}={value}"))
+            for value in sweep.values]
+
+
+def changed_spec(spec: Spec, instance_name: str, changes: dict[str, Any], context: str) -> Spec:
+    """The spec with the instance's options changed (a key set; None: removed), validated like any spec
+    (SpecError, each message ending in `(context)`) and planned (memory: ValueError) before anything runs."""
     source = spec.source_path
     base_dir = source.parent if source else "."
-    specs = []
-    for value in sweep.values:
-        data = spec.model_dump(mode="python")
-        for instance in data["instances"]:
-            if instance["name"] == instance_name:
-                instance["options"] = {key: item for key, item in instance["options"].items()
-                                       if key.replace("_", "-") != sweep.flag}
-                instance["options"][sweep.flag] = value
-        try:
-            changed = validate_spec(data, base_dir=base_dir)
-        except SpecError as error:
-            raise SpecError([problem._replace(message=f"{problem.message} (--sweep {sweep.flag}={value})")
-                             for problem in error.problems]) from None
-        problems = [problem for plan in build_plan(changed) for problem in plan.memory_problems]
-        if problems:
-            raise ValueError(f"--sweep {sweep.flag}={value}: " + "; ".join(problems))
-        specs.append((value, changed))
-    return specs
+    data = spec.model_dump(mode="python")
+    changed_keys = {key.replace("_", "-") for key in changes}
+    for instance in data["instances"]:
+        if instance["name"] == instance_name:
+            instance["options"] = {key: item for key, item in instance["options"].items()
+                                   if key.replace("_", "-") not in changed_keys}
+            instance["options"].update({key: value for key, value in changes.items() if value is not None})
+    try:
+        changed = validate_spec(data, base_dir=base_dir)
+    except SpecError as error:
+        raise SpecError([problem._replace(message=f"{problem.message} ({context})")
+                         for problem in error.problems]) from None
+    problems = [problem for plan in build_plan(changed) for problem in plan.memory_problems]
+    if problems:
+        raise ValueError(f"{context}: " + "; ".join(problems))
+    return changed
 
 
 class InstanceConfig:
@@ -108,20 +113,29 @@ def run_sweep(spec: Spec, instance_name: str, sweep: Sweep, bench: Callable[[Ben
     target = bench_target(spec, instance_name, vllm)
     variants = swept_specs(spec, instance_name, sweep)  # every value valid before the host is touched
     results = [bench(target, None)]
+    with restored_config(target, on_restart) as config:
+        for value, changed in variants:
+            if on_restart:
+                on_restart(value)
+            config.use(bench_target(changed, instance_name, vllm))
+            results.append(bench(target, value))
+    return results
+
+
+@contextlib.contextmanager
+def restored_config(target: BenchTarget, on_restart: Callable[[Any], None] | None = None) -> Iterator[InstanceConfig]:
+    """The instance's config, changed inside (`config.use`), written back byte for byte and the unit
+    restarted on the way out, whatever happens: an error, Ctrl-C, SIGTERM or SIGHUP (held off while the
+    restore runs). on_restart("restore") is called before the restore restarts the unit."""
     config = InstanceConfig(target)
     with _signals_interrupt():
         try:
-            for value, changed in variants:
-                if on_restart:
-                    on_restart(value)
-                config.use(bench_target(changed, instance_name, vllm))
-                results.append(bench(target, value))
+            yield config
         finally:
             if on_restart and config.changed:
                 on_restart("restore")
             with _signals_held():
                 config.restore()
-    return results
 
 
 @contextlib.contextmanager

@@ -21,8 +21,8 @@ import pytest
 from provisioner.apply import apply_spec
 from provisioner.bench.results import load_run_set
 from provisioner.spec import load_spec
-from tests.lab.bench_client import ensure_bench_vllm, ensure_tokenizer
-from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
+from tests.lab.bench_client import boot_bench_host
+from tests.lab.specs import host_entry, instance_entry, write_spec
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 CONFIG = "/etc/vllm/chat.yaml"
@@ -33,13 +33,8 @@ TPOT_MS = 2
 def deployed(lab, tmp_path_factory):
     """One host with the instance `chat` applied (max-num-seqs 4, an API key), the real vLLM's venv and
     a tokenizer shown to it read-only."""
-    venv = ensure_bench_vllm()
-    tokenizer = ensure_tokenizer(venv)
-    host = lab.boot(f"b{lab.boot_count}", binds=(str(venv), str(tokenizer)))
     folder = tmp_path_factory.mktemp("bench")
-    install_standin(host)
-    key_file = folder / "chat.key"
-    key_file.write_text("sk-bench-secret-42\n")
+    host, venv, tokenizer, key_file = boot_bench_host(lab, f"b{lab.boot_count}", folder, "sk-bench-secret-42")
     spec = write_spec(folder / "spec.yml", [host_entry(host)], [instance_entry(
         host, "chat", 8000, share=0.9, api_key_file=str(key_file), env={"STANDIN_TPOT_MS": str(TPOT_MS)},
         options={"max-model-len": 4096, "max-num-seqs": 4, "tokenizer": str(tokenizer)})])

@@ -47,3 +47,17 @@ def ensure_tokenizer(venv: Path) -> Path:
             subprocess.run([str(venv / "bin/python"), "-c", MAKE_TOKENIZER, str(folder), str(TOKENIZER_WORDS)],
                            check=True)
     return folder
+
+
+def boot_bench_host(lab, name: str, folder: Path, api_key: str):
+    """A test host that sees the real vLLM's venv and the tokenizer read-only, with the TEST DOUBLE
+    nvidia-smi; the instance's API key in folder/chat.key. Returns (host, venv, tokenizer, key file)."""
+    from tests.lab.specs import install_standin
+
+    venv = ensure_bench_vllm()
+    tokenizer = ensure_tokenizer(venv)
+    host = lab.boot(name, binds=(str(venv), str(tokenizer)))
+    install_standin(host)
+    key_file = folder / "chat.key"
+    key_file.write_text(api_key + "\n")
+    return host, venv, tokenizer, key_file

@@ -45,7 +45,8 @@ def two_hosts(tmp_path: Path, name: str = "spec.yml", **first) -> Path:
 
 # --------------------------------------------------------------------------- where the spec is found
 
-SPEC_COMMANDS = [("plan",), ("inventory", "-o", "inv"), ("apply", "ws4070"), ("trust", "ws4070"), ("bench", "run", "chat")]
+SPEC_COMMANDS = [("plan",), ("inventory", "-o", "inv"), ("apply", "ws4070"), ("trust", "ws4070"), ("bench", "run", "chat"),
+                 ("tune", "chat", "--slo", "ttft_p99<=1s")]
 
 
 @pytest.mark.parametrize("command", SPEC_COMMANDS, ids=lambda command: command[0])

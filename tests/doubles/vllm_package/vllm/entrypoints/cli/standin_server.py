@@ -2,10 +2,12 @@
 (the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
 token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
 options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health.
-Timing, so that `vllm bench serve` measures something: STANDIN_TTFT_MS before the first token,
-STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generating at once (the rest
-wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
-model load. STANDIN_SAMPLER_JIT_S: the stall of the first batch of 8 requests sampling with the model's
+Timing, so that `vllm bench serve` measures something: the TEST DOUBLE vllm/standin_latency.py, a
+scheduler stepping as vLLM's: STANDIN_TTFT_MS before a request is scheduled, STANDIN_TPOT_MS a batch-1
+step, at most --max-num-seqs requests generating at once (the rest wait), prompts in chunks of
+--max-num-batched-tokens; CUDA-graph sizes, --performance-mode and --async-scheduling change a step.
+STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow model load.
+STANDIN_SAMPLER_JIT_S: the stall of the first batch of 8 requests sampling with the model's
 defaults (vllm/standin_sampler.py, as recorded on the H200).
 
 A vLLM that cannot start (a wheel built with fails_at_start: tests/doubles/vllm_wheel.py): the options
@@ -35,6 +37,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm.standin_latency import Engine, Settings
 from vllm.standin_sampler import Sampler
 
 PROTECTED = ("/v1/",)
@@ -61,9 +64,7 @@ def serve(options):
     }
     if "VLLM_API_KEY" in process["env"]:  # never expose the secret itself
         process["env"]["VLLM_API_KEY"] = "<set>"
-    first_token_s = float(os.environ.get("STANDIN_TTFT_MS", "5")) / 1000
-    per_token_s = float(os.environ.get("STANDIN_TPOT_MS", "1")) / 1000
-    running = threading.BoundedSemaphore(int(options.get("max_num_seqs") or 256))
+    engine = Engine(Settings(options, os.environ.get("STANDIN_TTFT_MS", "5"), os.environ.get("STANDIN_TPOT_MS", "1")))
     streams = Streams()
     sampler = Sampler()  # the first batch's compile stall (STANDIN_SAMPLER_JIT_S)
 
@@ -113,8 +114,8 @@ def serve(options):
             usage = {"prompt_tokens": len(str(prompt).split()) or 1, "completion_tokens": tokens}
             usage["total_tokens"] = usage["prompt_tokens"] + tokens
             if not request.get("stream"):
-                with running, sampler.row(request):
-                    time.sleep(first_token_s)
+                with sampler.row(request):  # in flight as long as a streamed request waits to be scheduled
+                    time.sleep(engine.settings.overhead_s)
                     sampler.wait()
                 return self._send(200, {"object": "text_completion", "model": request["model"],
                                         "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
@@ -122,12 +123,10 @@ def serve(options):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with running, streams.one(), sampler.row(request):
-                time.sleep(first_token_s)
+            with streams.one(), sampler.row(request), engine.sequence(usage["prompt_tokens"], tokens) as sequence:
                 for index in range(tokens):
                     sampler.wait()
-                    if index:
-                        time.sleep(per_token_s)
+                    engine.next_token(sequence, streams.aborted)
                     if streams.aborted.is_set():
                         self._event({"object": "text_completion", "model": request["model"],
                                      "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]})

@@ -1,0 +1,116 @@
+"""`provision tune`: search the `vllm serve` flags that move latency and throughput for an instance,
+each candidate validated like any spec and load-tested with `vllm bench serve`; the winner is the
+highest throughput meeting the SLO (provisioner/tune)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from provisioner.cli.common import (
+    INTERRUPTED,
+    PROBLEMS_FOUND,
+    USAGE_ERROR,
+    SpecOption,
+    exit_on_write_error,
+    exit_with,
+    find_spec_or_exit,
+    load_spec_or_exit,
+)
+
+app = typer.Typer()
+
+
+@app.command("tune")
+def tune(
+    instance: Annotated[str, typer.Argument(help="The instance to tune (a name from the spec).")],
+    slo: Annotated[str, typer.Option("--slo", help="The SLO, e.g. 'ttft_p99<=200ms,itl_p99<=30ms', or "
+                                     "'goodput>=95%,ttft<=200ms,tpot<=50ms' (vLLM's goodput).")],
+    spec: SpecOption = None,
+    load: Annotated[str, typer.Option("--load", help="Load profile (provisioner/bench/loads.yml).")] = "concurrent",
+    space: Annotated[list[str] | None, typer.Option(
+        "--space", metavar="FLAG=V1,V2", help="Search exactly these flags and values, in this order (repeat it); "
+        "default: max-num-batched-tokens, max-num-seqs, performance-mode, async-scheduling, max-cudagraph-capture-size.")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency and candidate; the median is kept.")] = 3,
+    budget_minutes: Annotated[float, typer.Option("--budget-minutes", min=0.1, help="Stop before a candidate would end past this.")] = 60,
+    max_candidates: Annotated[int, typer.Option("--max-candidates", min=1, help="Measure at most this many candidates.")] = 20,
+    results: Annotated[Path, typer.Option("--results", help="Folder of the run sets.")] = Path("bench-results"),
+    name: Annotated[str | None, typer.Option("--name", help="Keep the candidates' run sets under RESULTS/NAME.")] = None,
+    from_results: Annotated[Path | None, typer.Option(
+        "--from-results", metavar="DIR", help="Measure nothing: replay the search over run sets recorded in DIR/<candidate>/.")] = None,
+    write: Annotated[bool, typer.Option("--write", help="Put the winner into the spec as the instance's options.")] = False,
+    vllm: Annotated[str | None, typer.Option("--vllm", help="The vllm executable on the host.")] = None,
+) -> None:
+    """Find the flags with the highest throughput that meets an SLO; the deployed config is restored after."""
+    from rich.markup import escape
+
+    from provisioner.bench.loads import get_load
+    from provisioner.bench.results import ResultError
+    from provisioner.bench.session import BenchError, run_set_name
+    from provisioner.bench.sweep import parse_sweep
+    from provisioner.bench.target import bench_target
+    from provisioner.cli.console import make_console
+    from provisioner.cli.tune_view import report, run_with_progress, write_winner_to
+    from provisioner.remote import RemoteError
+    from provisioner.secrets import redact
+    from provisioner.spec import SpecError
+    from provisioner.tune.measure import replay
+    from provisioner.tune.search import Budget
+    from provisioner.tune.slo import parse_slo
+    from provisioner.tune.space import search_space
+
+    console = make_console()
+
+    def fail(code: int, message: str) -> NoReturn:
+        console.print(f"[bold red]error:[/] {escape(redact(message))}")
+        exit_with(code)
+
+    try:  # every input checked before any host is touched
+        parsed_slo = parse_slo(slo)
+        profile = get_load(load)
+        overrides = {sweep.flag: sweep.values for sweep in map(parse_sweep, space or [])}
+    except ValueError as error:
+        fail(USAGE_ERROR, str(error))
+    spec_path = find_spec_or_exit(spec)
+    loaded = load_spec_or_exit(spec_path)
+    try:
+        target = bench_target(loaded, instance, vllm)
+        version = loaded.host(target.instance.host).vllm.version
+        axes = search_space(version, overrides)
+    except ValueError as error:
+        fail(USAGE_ERROR, str(error))
+    budget = Budget(seconds=budget_minutes * 60, candidates=max_candidates)
+    folder = from_results or results / (name or f"tune-{run_set_name(target)}")
+    if from_results is None and folder.exists():
+        fail(USAGE_ERROR, f"{folder} exists — choose another --name or remove that folder")
+    if from_results is not None and not from_results.is_dir():
+        fail(USAGE_ERROR, f"--from-results {from_results}: no such folder — give the folder holding one run set "
+                          "per candidate (DIR/<candidate>/runset.json)")
+    untouched = "nothing was measured" if from_results else "the instance's config is as it was before the tune"
+    try:
+        if from_results is not None:
+            result = replay(from_results, parsed_slo, axes, budget, deployed=target.instance.serve_options)
+        else:
+            result = run_with_progress(console, loaded, target, parsed_slo, profile, axes, repeats, folder, budget,
+                                       vllm)
+    except SpecError as error:
+        for problem in error.problems:
+            console.print(f"[bold red]{escape(problem.path)}:[/] {escape(redact(problem.message))}")
+        console.print("nothing was changed on the host")
+        exit_with(PROBLEMS_FOUND)
+    except (BenchError, RemoteError, ResultError, ValueError) as error:
+        fail(PROBLEMS_FOUND, f"{error} ({untouched})")
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]; the instance's config is as it was before the tune")
+        exit_with(INTERRUPTED)
+    choice = report(console, result, parsed_slo, axes, target, folder)
+    if choice.winner is None:
+        exit_with(PROBLEMS_FOUND)
+    if write:
+        with exit_on_write_error(spec_path):
+            try:
+                write_winner_to(console, spec_path, target, version, choice.winner, folder, profile, parsed_slo)
+            except (SpecError, ValueError) as error:
+                fail(PROBLEMS_FOUND, f"--write: the spec was left as it was: {error}")

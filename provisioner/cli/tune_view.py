@@ -1,0 +1,112 @@
+"""How `provision tune` shows its run: a line per candidate as it goes, the table, the Pareto plot, the
+winner, --write's message. Imported when `provision tune` runs, not for `provision --help`."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from provisioner.bench.loads import Load
+from provisioner.bench.plots import PlotsUnavailable
+from provisioner.bench.target import BenchTarget
+from provisioner.secrets import redact
+from provisioner.spec import Spec
+from provisioner.tune.measure import run_tune
+from provisioner.tune.plot import plot_pareto
+from provisioner.tune.search import Budget, Candidate, Choice, Outcome, SearchResult, pareto_front
+from provisioner.tune.slo import Slo
+from provisioner.tune.space import Axis, option_changes, side_by_side_groups
+from provisioner.tune.write import write_winner
+
+
+def run_with_progress(console: Console, spec: Spec, target: BenchTarget, slo: Slo, load: Load,
+                      axes: tuple[Axis, ...], repeats: int, folder: Path, budget: Budget,
+                      vllm: str | None) -> SearchResult:
+    count = [0]
+
+    def on_event(event: str, candidate: Candidate) -> None:
+        if event == "restart":
+            console.print(f"  restarting {target.unit} with {escape(redact(candidate.label))} "
+                          "(returns once the server is ready)")
+        elif event == "bench":
+            count[0] += 1
+            console.print(f"candidate {count[0]}: {escape(redact(candidate.label))} — vllm bench serve, load "
+                          f"{load.name}, {repeats} run(s) per concurrency")
+        else:
+            console.print(f"restoring the deployed config of {target.unit}")
+
+    run = run_tune(spec, target.name, slo, load, axes, repeats, folder, budget, vllm, on_event=on_event)
+    for why in run.dropped:
+        console.print(f"left out: {escape(why)}")
+    return run.result
+
+
+def report(console: Console, result: SearchResult, slo: Slo, axes: tuple[Axis, ...], target: BenchTarget,
+           folder: Path) -> Choice:
+    """The table, the notes, which candidates could share a GPU, the plot, the winner; returns the choice."""
+    choice = result.choice
+    console.print(outcome_table(result.outcomes, slo, choice))
+    for note in result.notes:
+        console.print(f"note: {escape(redact(note))}")
+    groups = side_by_side_groups([outcome.changes for outcome in result.outcomes], axes,
+                                 target.instance.gpu_memory_utilization)
+    shared = [group for group in groups if len(group) > 1]
+    console.print("side by side on one GPU: " + ("; ".join(
+        " + ".join(result.outcomes[index].name for index in group) for group in shared) if shared else
+        "none of these candidates (each changes GPU memory, or one share leaves no room for a second)"))
+    try:
+        console.print(f"Pareto plot: {plot_pareto(result.outcomes, folder / 'pareto.png', title=f'{target.name}: {slo.text}')}")
+    except PlotsUnavailable as missing:
+        console.print(escape(str(missing)))
+    if choice.winner is not None:
+        console.print(f"[bold green]winner:[/] {escape(choice.winner.name)} — {choice.winner.throughput:.0f} output tok/s "
+                      f"at concurrency {choice.winner.concurrency}, meets {escape(slo.text)}")
+        if choice.note:
+            console.print(escape(choice.note))
+    elif choice.closest is not None:
+        console.print(f"[bold red]no candidate meets {escape(slo.text)}[/]; the closest: {escape(choice.closest.name)} "
+                      f"({describe_worst(choice.closest)}) — loosen the SLO or search other flags")
+    else:
+        console.print("[bold red]no candidate was measured[/]")
+    return choice
+
+
+def describe_worst(outcome: Outcome) -> str:
+    term, ratio = max(outcome.ratios.items(), key=lambda item: math.inf if item[1] is None else item[1])
+    return f"{term}: not reported" if ratio is None else f"{term}: {ratio * 100:.0f} % of its limit"
+
+
+def outcome_table(outcomes: list[Outcome], slo: Slo, choice: Choice) -> Table:
+    front = {id(outcome) for outcome in pareto_front(outcomes)}
+    baseline = next((outcome for outcome in outcomes if outcome.name == "baseline"), None)
+    table = Table(title=f"candidates against {slo.text} (every concurrency; tok/s at the highest)")
+    for column in ("candidate", "output tok/s", "Δ baseline", *(term for term in outcomes[0].values if outcomes),
+                   "meets", "Pareto"):
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    for outcome in outcomes:
+        delta = "—" if baseline is None or not baseline.throughput else \
+            f"{(outcome.throughput / baseline.throughput - 1) * 100:+.1f} %"
+        values = ["—" if value is None else f"{value:.2f}" if value < 1000 else f"{value:.0f}"
+                  for value in outcome.values.values()]
+        name = f"[bold]{escape(outcome.name)}[/]" if outcome is choice.winner else escape(outcome.name)
+        table.add_row(name, f"{outcome.throughput:.0f}", delta, *values, "yes" if outcome.meets else "no",
+                      "*" if id(outcome) in front else "")
+    return table
+
+
+def write_winner_to(console: Console, spec_path: Path, target: BenchTarget, version: str, winner: Outcome,
+                    folder: Path, load: Load, slo: Slo) -> None:
+    if not winner.changes:
+        console.print("nothing to write: the deployed config is the winner")
+        return
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    comment = (f"{date}: run set {folder}/{winner.name}, load {load.name}, SLO {slo.text}: "
+               f"{winner.throughput:.0f} output tok/s at concurrency {winner.concurrency}")
+    write_winner(spec_path, target.name, option_changes(version, winner.changes), comment)
+    console.print(f"wrote {escape(winner.name)} into {spec_path} (instance {escape(target.name)}); "
+                  "`provision apply` deploys it")

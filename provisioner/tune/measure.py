@@ -1,0 +1,137 @@
+"""Measuring candidates: live on the instance's host, or from run sets recorded before (offline).
+
+Live: each candidate is a changed spec, validated like any spec and planned (`changed_spec`, the path
+`bench --sweep` takes) before the host is touched, checked by the installed vLLM's parser on the host,
+written over the instance's config file, the unit restarted; then `vllm bench serve` through the bench
+session (repeats interleaved, a fresh seed per run, medians), its run set kept as
+RESULTS/NAME/<candidate label>/. The deployed config is put back byte for byte afterwards
+(`restored_config`, as `bench --sweep`), also on Ctrl-C, SIGTERM, SIGHUP or a failure.
+
+vLLM 0.25 has `vllm bench sweep serve`, but it starts `vllm serve` itself: outside the instance's
+systemd unit, its hardening and this validation and restore. So each candidate runs in the deployed
+unit and is measured with `vllm bench serve`, whose result JSONs are the same either way.
+
+Offline: RESULTS/NAME/<candidate label>/ as above (or recorded elsewhere with `provision bench run
+--baseline <label>`, or by hand: runs/c<C>-r<R>.json being `vllm bench serve --save-result` files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.bench.loads import Load
+from provisioner.bench.results import ResultError, load_run_set
+from provisioner.bench.session import OnRun, run_bench
+from provisioner.bench.sweep import changed_spec, restored_config
+from provisioner.bench.target import BenchTarget, bench_target
+from provisioner.secrets import redact
+from provisioner.spec import Spec, SpecError
+from provisioner.tune.search import Budget, Candidate, Outcome, SearchResult, Skipped, evaluate, search
+from provisioner.tune.slo import Slo
+from provisioner.tune.space import Axis, option_changes
+
+OnEvent = Callable[[str, Candidate], None]  # ("restart" | "bench" | "restore", candidate)
+
+
+def parse_label(label: str) -> dict[str, Any]:
+    """A candidate's folder name back to its changes (baseline, or names that are not labels: {})."""
+    parts = [part.partition("=") for part in label.split(",")]
+    if label == "baseline" or not all(equals and flag for flag, equals, _ in parts):
+        return {}
+    return {flag: yaml.safe_load(value) for flag, _, value in parts}
+
+
+class RecordedResults:
+    """measure() from run sets on disk: FOLDER/<candidate label>/ (runset.json, runs/*.json)."""
+
+    def __init__(self, folder: Path, slo: Slo):
+        self.folder, self.slo = folder, slo
+        if not folder.is_dir():
+            raise ResultError(f"{folder}: no such folder of recorded run sets")
+
+    def __call__(self, candidate: Candidate) -> Outcome:
+        folder = self.folder / candidate.label
+        if not (folder / "runset.json").is_file():
+            raise Skipped(f"not recorded (no {folder})")
+        return evaluate(load_run_set(folder), self.slo, candidate.label, candidate.as_dict())
+
+    def all(self) -> list[Outcome]:
+        """Every run set of the folder, by name."""
+        return [evaluate(load_run_set(path.parent), self.slo, path.parent.name, parse_label(path.parent.name))
+                for path in sorted(self.folder.glob("*/runset.json"))]
+
+
+def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None = None,
+           deployed: dict[str, Any] | None = None) -> SearchResult:
+    """The search over recorded run sets; run sets it did not visit join the outcomes after it (the
+    winner is chosen from all of them), marked in the notes."""
+    recorded = RecordedResults(folder, slo)
+    result = search(axes, recorded, budget, deployed=deployed)
+    visited = {outcome.name for outcome in result.outcomes}
+    for outcome in recorded.all():
+        if outcome.name not in visited:
+            result.outcomes.append(outcome)
+            result.notes.append(f"{outcome.name}: recorded, not on the search's path; compared all the same")
+    return result
+
+
+@dataclass
+class TuneRun:
+    result: SearchResult
+    target: BenchTarget
+    folder: Path  # RESULTS/NAME
+    dropped: list[str]  # values refused before anything ran (memory), with why
+
+
+def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[Axis, ...], repeats: int,
+             folder: Path, budget: Budget | None = None, vllm: str | None = None,
+             on_event: OnEvent | None = None, on_run: OnRun | None = None) -> TuneRun:
+    """The search, live on the instance (module docstring). Every flag value alone is validated first
+    (a flag or value vLLM lacks: SpecError, nothing touched); a value whose plan does not fit the GPU is
+    dropped with a note."""
+    target = bench_target(spec, instance_name, vllm)
+    version = spec.host(target.instance.host).vllm.version
+    kept_axes, dropped = [], []
+    for axis in axes:
+        values = []
+        for value in axis.values:
+            try:
+                changed_spec(spec, instance_name, option_changes(version, {axis.flag: value}),
+                             f"tune {axis.flag}={value}")
+                values.append(value)
+            except SpecError:
+                raise
+            except ValueError as error:  # the memory plan refuses it
+                dropped.append(redact(str(error)))
+        kept_axes.append(Axis(axis.flag, tuple(values), axis.changes_memory, axis.why))
+
+    def restarting(what: Any) -> None:
+        if on_event and what == "restore":
+            on_event("restore", Candidate())
+
+    with restored_config(target, restarting) as config:
+        def measure(candidate: Candidate) -> Outcome:
+            if candidate.changes:
+                try:
+                    changed = changed_spec(spec, instance_name, option_changes(version, candidate.as_dict()),
+                                           f"tune {candidate.label}")
+                except (SpecError, ValueError) as error:
+                    raise Skipped(redact(str(error))) from None
+                if on_event:
+                    on_event("restart", candidate)
+                config.use(bench_target(changed, instance_name, vllm))
+            if on_event:
+                on_event("bench", candidate)
+            run_set = run_bench(target, load, repeats, candidate.label, on_run=on_run,
+                                meta={"tune": {"changes": candidate.as_dict(), "slo": slo.text}},
+                                goodput=tuple(slo.goodput_args()))
+            run_set.save(folder / candidate.label)
+            return evaluate(run_set, slo, candidate.label, candidate.as_dict())
+
+        result = search(tuple(kept_axes), measure, budget, deployed=target.instance.serve_options)
+    return TuneRun(result, target, folder, dropped)
