@@ -65,7 +65,10 @@ def test_unit_expectations_are_the_rendered_unit_as_systemctl_show_reports_it(se
     assert properties["TimeoutStartUSec"] == "30min" and properties["RestartUSec"] == "10s"
     assert not {"Environment", "EnvironmentFile", "ExecStart", "ExecStartPost", "TimeoutStartSec"} & set(properties)
     assert unit["environment"] == {"CUDA_VISIBLE_DEVICES": SEED1_UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                                   "HF_HOME": "/var/lib/vllm/hf"}
+                                   "HF_HOME": "/var/lib/vllm/hf",
+                                   "VLLM_CACHE_ROOT": "/var/lib/vllm/cache/0.25.0/vllm",
+                                   "TORCHINDUCTOR_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/inductor",
+                                   "TRITON_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/triton"}
     assert unit["command_line"] == "/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
     # where it listens and what it serves: read from the rendered config file
     assert (unit["listen"], unit["url"], unit["served_names"]) == (
@@ -231,7 +234,8 @@ def test_managed_files_are_the_roles_files_that_no_other_row_checks(seed1):
     # the lines read as systemd runs them by rows of their own; EnvironmentFile= and ExecStartPost= stay
     assert {"User", "Restart", "ExecStart", "TimeoutStartSec"} <= set(unit["skip"]["keys"])
     assert not {"EnvironmentFile", "ExecStartPost", "Environment"} & set(unit["skip"]["keys"])
-    assert unit["skip"]["environment"] == ["CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HOME"]
+    assert unit["skip"]["environment"] == ["CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HOME",
+                                           "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]
     settings = files["/etc/vllm-provision/nvidia-gpu-limits.conf"]
     assert settings["content"] is None  # rendered by the suite from the GPUs it reads
     assert settings["render"]["devices"] == [{"index": 0, "uuid": SEED1_UUID, "model": "NVIDIA GeForce RTX 3090",

@@ -116,6 +116,9 @@ def test_environment_combines_unit_and_env_file(seed1):
         "CUDA_VISIBLE_DEVICES": "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "HF_HOME": "/var/lib/vllm/hf",
+        "VLLM_CACHE_ROOT": "/var/lib/vllm/cache/0.25.0/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/inductor",
+        "TRITON_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/triton",
         "VLLM_API_KEY": seed1.units[0].environment["VLLM_API_KEY"],
     }
     assert seed1.units[0].environment["VLLM_API_KEY"].startswith("<redacted: ")
