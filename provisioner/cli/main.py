@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli import apply_cmd, audit_cmd, bench_cmd, facts_cmd, schema_cmd, spec_cmds, trust_cmd, wheelhouse_cmd
+from provisioner.cli import (apply_cmd, audit_cmd, bench_cmd, facts_cmd, monitoring_cmd, schema_cmd, spec_cmds, trust_cmd,
+                            wheelhouse_cmd)
 from provisioner.cli.common import INTERNAL_ERROR, PROBLEMS_FOUND
 
 DISTRIBUTION = "vllm-provision"
@@ -64,6 +65,7 @@ app.add_typer(audit_cmd.app, name="audit")
 app.add_typer(wheelhouse_cmd.app)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(trust_cmd.app)
+app.add_typer(monitoring_cmd.app, name="monitoring")
 
 
 def run() -> None:
