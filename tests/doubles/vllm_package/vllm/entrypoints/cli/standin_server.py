@@ -1,7 +1,7 @@
 """TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions
 (the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
 token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
-options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health.
+options, CUDA environment), /metrics (vLLM's names, driven by the load: standin_metrics.py). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health.
 Timing, so that `vllm bench serve` measures something: STANDIN_TTFT_MS before the first token,
 STANDIN_TPOT_MS per token after it, and at most --max-num-seqs requests generating at once (the rest
 wait, as in vLLM's scheduler). STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow
@@ -34,6 +34,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm.entrypoints.cli.standin_metrics import Metrics, kv_cache_tokens
 
 PROTECTED = ("/v1/",)
 POLL_S = 0.05  # how soon a SIGTERM is acted on
@@ -63,6 +64,7 @@ def serve(options):
     per_token_s = float(os.environ.get("STANDIN_TPOT_MS", "1")) / 1000
     running = threading.BoundedSemaphore(int(options.get("max_num_seqs") or 256))
     streams = Streams()
+    metrics = Metrics(served[0], kv_cache_tokens(options))  # GET /metrics: standin_metrics.py
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
@@ -89,6 +91,8 @@ def serve(options):
                                                             for name in served]})
             elif self.path == "/standin/process":
                 self._send(200, process)
+            elif self.path == "/metrics":
+                self._send_text(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
             else:
                 self._send(404, {"error": "not found"})
 
@@ -110,13 +114,15 @@ def serve(options):
             usage = {"prompt_tokens": len(str(prompt).split()) or 1, "completion_tokens": tokens}
             usage["total_tokens"] = usage["prompt_tokens"] + tokens
             if not request.get("stream"):
+                metrics.at_once(usage["prompt_tokens"], tokens)
                 return self._send(200, {"object": "text_completion", "model": request["model"],
                                         "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
                                         "usage": usage})
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with running, streams.one():
+            with metrics.request(usage["prompt_tokens"]) as counted, running, streams.one():
+                counted.run()
                 time.sleep(first_token_s)
                 for index in range(tokens):
                     if index:
@@ -125,7 +131,10 @@ def serve(options):
                         self._event({"object": "text_completion", "model": request["model"],
                                      "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]})
                         break
+                    counted.token()
                     last = index == tokens - 1
+                    if last:
+                        counted.finish("length")
                     self._event({"object": "text_completion", "model": request["model"],
                                  "choices": [{"index": 0, "text": " w", "logprobs": None,
                                               "finish_reason": "length" if last else None}]})
@@ -133,6 +142,14 @@ def serve(options):
                     self._event({"object": "text_completion", "model": request["model"], "choices": [], "usage": usage})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
+
+        def _send_text(self, code, text, content_type):
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _event(self, body):
             self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
