@@ -102,6 +102,16 @@ def prometheus_config(spec: Spec) -> dict[str, Any]:
 # --------------------------------------------------------------------------- alert rules
 
 
+DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(duration: str) -> float:
+    """A Prometheus duration of the spec (15s, 5m, 500ms) in seconds."""
+    number = duration.rstrip("smhd")
+    unit = duration[len(number):]
+    return int(number) * DURATION_UNITS[unit]
+
+
 def _seconds(milliseconds: int) -> str:
     return f"{milliseconds / 1000:g}"
 
@@ -233,6 +243,11 @@ def dump(data: Any) -> str:
 def export(spec: Spec, out_dir: str | Path) -> list[Path]:
     """Write the configuration for your own Prometheus: all files or none."""
     return write_folder(out_dir, prometheus_files(spec))
+
+
+def expected_targets(spec: Spec) -> list[dict[str, str]]:
+    """What the audit and the tests expect Prometheus to scrape: {job, instance} per target, in spec order."""
+    return [{"job": target.job, "instance": target.name} for target in targets(spec)]
 
 
 def exporter_vars(spec: Spec, host: Host) -> dict[str, Any]:
