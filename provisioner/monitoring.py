@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from provisioner.dashboards import dashboard_files
 from provisioner.files import write_folder
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.gateways import replica_address
@@ -241,8 +242,8 @@ def dump(data: Any) -> str:
 
 
 def export(spec: Spec, out_dir: str | Path) -> list[Path]:
-    """Write the configuration for your own Prometheus: all files or none."""
-    return write_folder(out_dir, prometheus_files(spec))
+    """Write the configuration for your own Prometheus, and the Grafana dashboards (dashboards/): all files or none."""
+    return write_folder(out_dir, {**prometheus_files(spec), **dashboard_files()})
 
 
 def expected_targets(spec: Spec) -> list[dict[str, str]]:

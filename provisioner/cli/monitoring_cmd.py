@@ -15,11 +15,12 @@ app = typer.Typer()
 
 @app.command("export")
 def export(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write prometheus.yml, rules/ and targets/ to.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write prometheus.yml, rules/, targets/ and dashboards/ to.")],
     spec: SpecOption = None,
 ) -> None:
     """Validate the spec and write its Prometheus configuration: prometheus.yml, the alert rules
-    (rules/vllm-provision.yml) and the file_sd targets (targets/<job>.yml), every file or none."""
+    (rules/vllm-provision.yml) and the file_sd targets (targets/<job>.yml); and the Grafana dashboards
+    (dashboards/*.json, for Grafana's file provisioning); every file or none."""
     from provisioner.monitoring import export as write_export
 
     loaded = load_found_spec(spec)

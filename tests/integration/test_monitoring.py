@@ -22,6 +22,7 @@ import yaml
 
 from provisioner import monitoring
 from provisioner.apply import apply_spec
+from provisioner.dashboards import dashboards, expressions, with_variables
 from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.integration.conftest import audit_failures, check_then_apply_twice
@@ -214,6 +215,18 @@ def test_the_stand_in_s_metrics_and_a_missed_slo_reach_prometheus(hosts, runs):
     assert wait_for(slo_alert, timeout=60) == [{
         "alertname": "VllmTtftOverSlo", "severity": "warning", "slo_ms": "200", "host": one.name,
         "instance": "qwen-a", "model": MODEL}]
+
+
+def test_every_dashboard_query_returns_series_from_the_real_prometheus(hosts, runs):
+    """Each panel's and variable's PromQL, its variables set as Grafana would (qwen-a, its host), run against the
+    lab's Prometheus right after the load above (so the latency quantiles have rates, and VllmTtftOverSlo fires:
+    ALERTS has a series): every one parses and returns series from the real exporters."""
+    one, _ = hosts
+    empty = [(board["uid"], title, query)
+             for board in dashboards().values() for title, expr in expressions(board)
+             for query in [with_variables(expr, "qwen-a", one.name)]
+             if not api(hosts, "query", query=query)["result"]]
+    assert empty == []
 
 
 def test_a_stopped_instance_fires_vllm_instance_down(hosts, runs):

@@ -198,7 +198,7 @@ def test_controls_become_ansible_playbook_options():
 
 def test_the_tags_are_the_site_playbooks_role_tags():
     assert site_tags() == ["sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install",
-                           "container_engine", "vllm_service", "gateway"]
+                           "container_engine", "vllm_service", "node_exporter", "gateway", "prometheus"]
 
 
 def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_every_phase():

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from provisioner import monitoring
+from provisioner.dashboards import dashboard_files
 from provisioner.inventory import build_inventory
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import host, instance, problems_of, spec_data
@@ -146,7 +147,10 @@ def test_provision_monitoring_export_writes_the_files_role_prometheus_writes(tmp
     assert result.exit_code == 0, result.output
     written = {path.relative_to(tmp_path / "out").as_posix(): path.read_text()
                for path in (tmp_path / "out").rglob("*") if path.is_file()}
-    assert written == build_inventory(load_spec(SPEC))["host_vars/mon.yml"]["prometheus_files"]
+    assert written == {**build_inventory(load_spec(SPEC))["host_vars/mon.yml"]["prometheus_files"],
+                       **dashboard_files()}
+    assert sorted(name for name in written if name.startswith("dashboards/")) == [
+        "dashboards/vllm-provision-fleet.json", "dashboards/vllm-provision-instance.json"]
     (tmp_path / "plain.yml").write_text(yaml.safe_dump(spec_data()))
     refused = CliRunner().invoke(app, ["monitoring", "export", "--out", str(tmp_path / "none"),
                                        "--spec", str(tmp_path / "plain.yml")], env={"COLUMNS": "200", "NO_COLOR": "1"})
