@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from provisioner import monitoring
-from provisioner.apply import apply_spec
+from provisioner.apply import Controls, apply_spec
 from provisioner.dashboards import dashboards, expressions, with_variables
+from provisioner.plan import build_plan
 from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.integration.conftest import audit_failures, check_then_apply_twice
@@ -115,12 +116,13 @@ def runs(hosts, spec_path):
 
 
 EXPORTER_CHECK = ["Say what would be installed (check mode)", "Write the exporter's arguments",
-                  "Install the GPU metrics script", "Write the GPU metrics units",
+                  "Install the GPU metrics script", "Write the GPU metrics service", "Write the GPU metrics timer",
                   "Say the GPU metrics timer would be started (check mode)",
                   "Say the exporter would be restarted (check mode)",
                   "Say the GPU metrics timer would be restarted (check mode)"]
 EXPORTER_FIRST = ["Install the exporters", "Write the exporter's arguments", "Install the GPU metrics script",
-                  "Write the GPU metrics units", "Enable and start the GPU metrics timer", "Restart the exporter",
+                  "Write the GPU metrics service", "Write the GPU metrics timer", "Enable and start the GPU metrics timer",
+                  "Restart the exporter",
                   "Restart the GPU metrics timer"]
 
 
@@ -157,9 +159,15 @@ def test_apply_converges_then_changes_nothing(hosts, runs, spec_path):
     assert one.ssh("systemctl is-active prometheus.service; systemctl is-enabled prometheus.service").stdout.split() == \
         ["active", "enabled"]
     assert two.ssh("command -v prometheus", check=False).returncode != 0, "prometheus on a host that is not the spec's"
-    # the files on the monitoring host are the ones `provision monitoring export` writes
-    for name, text in monitoring.prometheus_files(load_spec(spec_path)).items():
-        assert one.ssh(f"cat /etc/prometheus/{name}").stdout == text, name
+    # the files on each host are the ones `provision plan` shows (on the monitoring host: the ones
+    # `provision monitoring export` writes, under /etc/prometheus)
+    plans = {plan.host: plan for plan in build_plan(load_spec(spec_path))}
+    assert [file.path for file in plans[one.name].monitoring_files if file.role == "prometheus"][:-1] == [
+        f"/etc/prometheus/{name}" for name in sorted(monitoring.prometheus_files(load_spec(spec_path)))]
+    for host in hosts:
+        for file in plans[host.name].monitoring_files:
+            assert host.ssh(f"stat -c %a {file.path}; cat {file.path}").stdout == f"{file.mode[1:]}\n{file.content}", \
+                file.path
 
 
 def test_prometheus_scrapes_every_target_of_the_spec(hosts, runs, spec_path):
@@ -251,7 +259,8 @@ def test_a_300_w_power_cap_fires_gpu_power_limit_below_target(hosts, runs, spec_
         "alertname": "GpuPowerLimitBelowTarget", "severity": "critical", "target": "max", "job": "node",
         "host": two.name, "instance": two.name, "gpu": "0", "gpu_uuid": fake_gpu_uuid(two),
         "gpu_name": "NVIDIA GeForce RTX 3090"}]
-    repaired = apply_spec(load_spec(spec_path))  # role nvidia_gpu sets 'max' again
+    # role nvidia_gpu sets 'max' again (its tag only, on that host: the rest is proven unchanged above)
+    repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("nvidia_gpu",)))
     assert repaired.succeeded, repaired.problems
     assert wait_for(lambda: firing(hosts, "GpuPowerLimitBelowTarget") == [], timeout=60)
 
@@ -271,9 +280,10 @@ def test_the_audit_passes_then_names_a_stopped_exporter(hosts, runs, spec_path):
         assert expected == "up"
         assert actual.startswith(f'down: Get "http://{two.address}:9100/metrics": dial tcp {two.address}:9100: connect: '
                                  "connection refused"), actual
-    finally:
-        repaired = apply_spec(load_spec(spec_path))
+    finally:  # role node_exporter starts it again
+        repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("node_exporter",)))
     assert repaired.succeeded, repaired.problems
+    assert repaired.changed == 1
     assert wait_for(lambda: targets_up(hosts)[("node", two.name)] == "up", timeout=30)
     assert audit_failures(spec_path) == {one.name: {}, two.name: {}}
 

@@ -15,6 +15,7 @@ import yaml
 from provisioner import monitoring
 from provisioner.dashboards import dashboard_files
 from provisioner.inventory import build_inventory
+from provisioner.plan import build_plan
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import host, instance, problems_of, spec_data
 
@@ -157,3 +158,25 @@ def test_provision_monitoring_export_writes_the_files_role_prometheus_writes(tmp
     assert refused.exit_code == 1
     assert "the spec has no monitoring: section" in refused.output
     assert not (tmp_path / "none").exists()
+
+
+def test_provision_plan_shows_the_files_the_monitoring_roles_write():
+    spec = load_spec(SPEC)
+    plans = {plan.host: plan for plan in build_plan(spec)}
+    gpu1, mon = plans["gpu1"].monitoring_files, plans["mon"].monitoring_files
+    assert [(file.path, file.mode, file.role) for file in gpu1] == [
+        ("/etc/default/prometheus-node-exporter", "0644", "node_exporter"),
+        ("/etc/systemd/system/nvsmi-textfile.service", "0644", "node_exporter"),
+        ("/etc/systemd/system/nvsmi-textfile.timer", "0644", "node_exporter")]
+    assert 'ARGS="--web.listen-address=:9100 --collector.textfile.directory=/var/lib/prometheus/node-exporter"' in \
+        gpu1[0].content.splitlines()
+    assert "OnUnitActiveSec=15s" in gpu1[2].content.splitlines()
+    assert [file.path for file in mon] == [
+        "/etc/default/prometheus-node-exporter",  # mon lists no GPU: no timer
+        "/etc/prometheus/prometheus.yml", "/etc/prometheus/rules/vllm-provision.yml",
+        "/etc/prometheus/targets/node.yml", "/etc/prometheus/targets/vllm.yml", "/etc/default/prometheus"]
+    assert {file.path.removeprefix("/etc/prometheus/"): file.content for file in mon[1:5]} == \
+        monitoring.prometheus_files(spec)
+    assert mon[5].content.splitlines()[-1] == ('ARGS="--config.file=/etc/prometheus/prometheus.yml '
+                                               '--web.listen-address=:9090 --storage.tsdb.retention.time=15d"')
+    assert build_plan(validate_spec(spec_data()))[0].monitoring_files == []
