@@ -70,6 +70,8 @@ class HostPlan:
     gateway_file: PlannedFile | None = None  # role gateway's haproxy.cfg, where the host runs gateways
     routes: list[PlannedRoute] = field(default_factory=list)
     driver: DriverCheck | None = None  # the driver gate: what the host's vLLM builds need, what is known of its driver
+    # roles node_exporter's and prometheus's files, where the spec has monitoring: (docs/monitoring.md)
+    monitoring_files: list[PlannedFile] = field(default_factory=list)
 
     @property
     def memory_problems(self) -> list[str]:
@@ -81,7 +83,8 @@ class HostPlan:
         """Every file written on the host, in the order the roles write them."""
         unit_files = [file for unit in self.units
                       for file in (unit.env_file, unit.config_file, unit.unit, unit.boot_unit) if file]
-        return [self.sysctl_file, *self.nouveau_files, *unit_files, *([self.gateway_file] if self.gateway_file else [])]
+        return [self.sysctl_file, *self.nouveau_files, *unit_files, *([self.gateway_file] if self.gateway_file else []),
+                *self.monitoring_files]
 
 
 def build_plan(spec: Spec, hosts: Iterable[str] | None = None) -> list[HostPlan]:
@@ -116,7 +119,27 @@ def host_files(host: Host, variables: dict[str, Any]) -> HostPlan:
         units=[planned_unit(index, variables) for index in range(len(variables["vllm_service_instances"]))],
         gateway_file=gateway_file(variables),
         routes=planned_routes(host, variables),
+        monitoring_files=monitoring_files(variables),
     )
+
+
+EXPORTER_TEMPLATES = ("prometheus-node-exporter.default.j2",)
+GPU_TIMER_TEMPLATES = ("nvsmi-textfile.service.j2", "nvsmi-textfile.timer.j2")
+
+
+def monitoring_files(variables: dict[str, Any]) -> list[PlannedFile]:
+    """Role node_exporter's files (its arguments, the GPU timer's units) and, on the monitoring host, role
+    prometheus's: the configuration provisioner/monitoring.py computes, and its arguments."""
+    files = []
+    if variables["node_exporter_enabled"]:
+        names = EXPORTER_TEMPLATES + (GPU_TIMER_TEMPLATES if variables["node_exporter_gpu_timer"] else ())
+        files += [render_role_file("node_exporter", name, variables) for name in names]
+    if variables["prometheus_files"]:
+        mode = find_task_args("prometheus", "copy", lambda args: "prometheus.yml" in str(args.get("dest")))["mode"]
+        files += [PlannedFile(f"{variables['prometheus_config_dir']}/{name}", text, mode, "prometheus")
+                  for name, text in sorted(variables["prometheus_files"].items())]
+        files.append(render_role_file("prometheus", "prometheus.default.j2", variables))
+    return files
 
 
 GATEWAY_TEMPLATE = "haproxy.cfg.j2"

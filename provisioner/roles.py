@@ -19,11 +19,12 @@ import jinja2
 import yaml
 
 from provisioner.inventory import gateway_vars, host_vars
+from provisioner.monitoring import exporter_vars, prometheus_vars
 from provisioner.paths import role_dir
 from provisioner.spec import Host, Instance, Spec
 
 ROLES = ("sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service",
-         "gateway")  # site.yml's order (gateway: its second play)
+         "node_exporter", "gateway", "prometheus")  # site.yml's order (gateway: its second play, prometheus: its third)
 UNIT_TEMPLATE = "vllm-instance.service.j2"
 QUADLET_TEMPLATE = "vllm-instance.container.j2"
 COMPOSE_TEMPLATE = "vllm-instance.compose.yaml.j2"
@@ -47,7 +48,8 @@ class PlannedFile:
 def host_variables(host: Host, instances: list[Instance], spec: Spec | None = None) -> dict[str, Any]:
     """What the roles read on `host`: their defaults overlaid with the host_vars the inventory generates
     (with `spec`, also the gateways the host runs: their replicas are instances of other hosts)."""
-    return {**role_defaults(), **host_vars(host, instances), **(gateway_vars(spec, host) if spec else {})}
+    return {**role_defaults(), **host_vars(host, instances), **(gateway_vars(spec, host) if spec else {}),
+            **(exporter_vars(spec, host) if spec else {}), **(prometheus_vars(spec, host) if spec else {})}
 
 
 # libyaml's parser where PyYAML has it (the same safe loading, several times faster: a plan reads every

@@ -23,6 +23,7 @@ import yaml
 
 from provisioner.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
 from provisioner.module_utils import driver_state, systemd_dropins
+from provisioner.monitoring import duration_seconds, expected_targets
 from provisioner.paths import role_dir
 from provisioner.plan import GATEWAY_TEMPLATE, HostPlan, PlannedUnit, gateway_file, host_files
 from provisioner.remote import Connection, spec_connection
@@ -72,7 +73,22 @@ def spec_target(host: Host, instances: list[Instance], spec: Spec | None = None)
     variables = host_variables(host, instances, spec)
     expected = host_expectations(variables, host_files(host, variables))
     return Target(host.name, spec_connection(host), {**expected, "driver": driver_expectations(variables, host, instances),
-                                                     "driver_install": driver_install_expectations(variables)})
+                                                     "driver_install": driver_install_expectations(variables),
+                                                     "monitoring": monitoring_expectations(variables, spec)})
+
+
+def monitoring_expectations(variables: dict[str, Any], spec: Spec | None) -> dict[str, Any] | None:
+    """Where the spec has monitoring: node_exporter answering on the host (with fresh GPU metrics where the
+    timer runs) and, on the monitoring host, Prometheus with every target of the spec up (None elsewhere)."""
+    if not variables.get("node_exporter_enabled") or spec is None:
+        return None
+    timer = bool(variables["node_exporter_gpu_timer"])
+    exporter = {"url": f"http://127.0.0.1:{variables['node_exporter_port']}/metrics", "gpu_timer": timer,
+                "gpu_interval": variables["node_exporter_gpu_interval"],
+                "max_age_s": 3 * duration_seconds(variables["node_exporter_gpu_interval"]) + 10 if timer else None}
+    prometheus = {"url": f"http://127.0.0.1:{variables['prometheus_port']}/api/v1/targets",
+                  "targets": expected_targets(spec)} if variables.get("prometheus_files") else None
+    return {"exporter": exporter, "prometheus": prometheus}
 
 
 def driver_install_expectations(variables: dict[str, Any]) -> dict[str, Any] | None:

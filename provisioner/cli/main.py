@@ -14,6 +14,7 @@ from provisioner.cli import (
     audit_cmd,
     bench_cmd,
     facts_cmd,
+    monitoring_cmd,
     schema_cmd,
     spec_cmds,
     trust_cmd,
@@ -75,6 +76,7 @@ app.add_typer(wheelhouse_cmd.app)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(tune_cmd.app)
 app.add_typer(trust_cmd.app)
+app.add_typer(monitoring_cmd.app, name="monitoring")
 
 
 def run() -> None:

@@ -54,6 +54,8 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
             environment.add_row(Text(key), Text(value))
         console.print(environment)
     show_gateway(console, plan)
+    for file in plan.monitoring_files:
+        show_file(console, file)
 
 
 def show_gateway(console: Console, plan: HostPlan) -> None:

@@ -16,7 +16,9 @@ from provisioner.spec.driver import cuda_problems, driver_problems
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems
 from provisioner.spec.gateways import GATEWAY_GROUP
+from provisioner.spec.monitoring_checks import MONITORING_GROUP
 from provisioner.spec.messages import gpu_label, path_of
+from provisioner.spec.monitoring_checks import monitoring_problems
 from provisioner.spec.models import Host, Instance, is_int
 from provisioner.spec.parts import SpecParts, keyed_problems, present
 from provisioner.spec.text_checks import text_problems
@@ -59,6 +61,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     problems += _parallel_problems(parts)
     problems += text_problems(parts, check_files=check_files)
     problems += gateway_problems(parts, check_files=check_files)
+    problems += monitoring_problems(parts)
     if check_files:
         problems += _missing_files(parts)
     return problems
@@ -117,6 +120,8 @@ def _group_name_problem(group: str, host_names: set[str]) -> str | None:
                 "— choose another name")
     if group == GATEWAY_GROUP:
         return f"'{group}' is the group of the hosts that run a gateway (the inventory makes it) — choose another name"
+    if group == MONITORING_GROUP:
+        return f"'{group}' is the group of the host that runs Prometheus (the inventory makes it) — choose another name"
     if group in host_names:
         return f"'{group}' is the name of a host — a group needs a name of its own (HOST arguments take both)"
     return None

@@ -44,6 +44,7 @@ BRANCH_RE = re.compile(r"^[1-9][0-9]{2,3}$")  # a driver branch: the number befo
 DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.95.05, 550.120
 CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
 TOOLKIT_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$")  # a package version: 1.18.0-1
+DURATION_RE = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d)$")  # a Prometheus duration: 15s, 5m, 1h
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -103,6 +104,10 @@ _check_toolkit_version = _matching(
 _check_digest = _matching(
     DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
 )
+
+_check_duration = _matching(
+    DURATION_RE, "duration", "is not a duration — a whole number and one unit of ms, s, m, h, d, as Prometheus "
+    "writes them (e.g. 15s, 5m)")
 
 
 def _check_address(value: str) -> str:
@@ -184,6 +189,7 @@ DriverBranch = Annotated[str, AfterValidator(_check_branch), _schema_pattern(BRA
 DriverVersion = Annotated[str, AfterValidator(_check_driver_version), _schema_pattern(DRIVER_VERSION_RE)]
 CudaVersion = Annotated[str, AfterValidator(_check_cuda), _schema_pattern(CUDA_RE)]
 ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit_version), _schema_pattern(TOOLKIT_VERSION_RE)]
+Duration = Annotated[str, AfterValidator(_check_duration), _schema_pattern(DURATION_RE)]
 
 
 class _Model(BaseModel):
@@ -409,6 +415,15 @@ class Container(_Model):
     )
 
 
+class Slo(_Model):
+    """An instance's latency objectives: the alert rules fire when a p99 over the alerts' rate_window is above one."""
+
+    ttft_p99_ms: int | None = Field(None, ge=1, description="time to first token, p99, in ms; null: no alert")
+    itl_p99_ms: int | None = Field(None, ge=1, description="inter-token latency, p99, in ms; null: no alert")
+    tpot_p99_ms: int | None = Field(None, ge=1, description="time per output token of a request, p99, in ms; "
+                                                              "null: no alert")
+
+
 class Instance(_Model):
     """One `vllm serve` process, run as the systemd unit vllm-<name>.service, or in a container."""
 
@@ -434,6 +449,7 @@ class Instance(_Model):
         None, description="file (relative to the spec) whose content becomes VLLM_API_KEY; null: no key"
     )
     container: Container | None = Field(None, description="run in a container (podman or docker); null: the host's venv")
+    slo: Slo | None = Field(None, description="latency objectives the alert rules watch (monitoring:); null: none")
 
     @property
     def serve_options(self) -> dict[str, Any]:
@@ -470,6 +486,41 @@ class Gateway(_Model):
                           "null: every served name in the spec")
 
 
+class MonitoringAlerts(_Model):
+    """The thresholds of the alert rules (docs/monitoring.md lists every rule)."""
+
+    kv_cache_usage: float = Field(0.9, gt=0, le=1, description="vllm:kv_cache_usage_perc above this (0-1) for "
+                                                                "pending_for: VllmKvCacheHigh")
+    requests_waiting: int = Field(10, ge=0, description="vllm:num_requests_waiting above this for pending_for: "
+                                                         "VllmRequestsQueueing")
+    memory_share_slack: float = Field(
+        0.03, ge=0, le=1, description="a GPU's used memory may exceed the spec's shares of it (the instances' "
+                                      "gpu_memory_utilization added up) by this much of its total before "
+                                      "GpuMemorySharesExceeded")
+    down_for: Duration = Field("1m", description="how long an instance or exporter is down before its alert fires")
+    pending_for: Duration = Field("5m", description="how long any other condition holds before its alert fires")
+    rate_window: Duration = Field("5m", description="the window of rates and latency quantiles (SLOs, swapping)")
+
+
+class Monitoring(_Model):
+    """Exporters on every host, and Prometheus on one of them or a scrape configuration for your own
+    (docs/monitoring.md): targets and alert rules from this spec."""
+
+    host: str | None = Field(
+        None, description="the spec host that runs Prometheus (role prometheus), scraping every target; null: "
+                          "none of ours (`provision monitoring export` writes the configuration for your own)")
+    gpu_metrics: Literal["textfile", "dcgm"] = Field(
+        "textfile", description="textfile: nvidia-smi on a timer feeds node_exporter's textfile collector; dcgm: "
+                                "NVIDIA's dcgm-exporter from NVIDIA's repository (its package and service are the "
+                                "role's variables; not proven by our tests)")
+    gpu_metrics_interval: Duration = Field("15s", description="how often the timer reads nvidia-smi (textfile)")
+    scrape_interval: Duration = Field("15s", description="how often Prometheus scrapes each target")
+    node_exporter_port: int = Field(9100, ge=1, le=65535, description="node_exporter's port on every host")
+    dcgm_exporter_port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's port (gpu_metrics: dcgm)")
+    prometheus_port: int = Field(9090, ge=1, le=65535, description="Prometheus's port on the monitoring host")
+    alerts: MonitoringAlerts = Field(default_factory=MonitoringAlerts, description="the alert rules' thresholds")
+
+
 class Spec(_Model):
     """The whole spec file."""
 
@@ -481,6 +532,8 @@ class Spec(_Model):
         None, description="values every host takes, under its groups' and its own; null: none")
     groups: list[HostGroup] = Field(
         default_factory=list, description="values shared by the hosts that list the group in their groups")
+    monitoring: Monitoring | None = Field(
+        None, description="exporters on every host, Prometheus and alert rules from this spec; null: no monitoring")
 
     _source_path: Path | None = PrivateAttr(default=None)
 

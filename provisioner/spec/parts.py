@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from provisioner.spec.errors import Problem
 from provisioner.spec.messages import path_of
-from provisioner.spec.models import Gateway, Host, HostGroup, Instance, Spec
+from provisioner.spec.models import Gateway, Host, HostGroup, Instance, Monitoring, Spec
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -23,12 +23,14 @@ class SpecParts(NamedTuple):
     gateways: list[Gateway | None] = []
     groups: list[HostGroup | None] = []  # the entries of `groups:`
     listed_groups: list[str] | None = None  # the groups hosts list, also hosts that failed pass 1; None: unknown
+    monitoring: Monitoring | None = None  # the spec's monitoring: section (None: none, or it failed pass 1)
 
 
 def parts_of(spec: Spec) -> SpecParts:
     """A spec that passed pass 1, as parts."""
     return SpecParts(list(spec.hosts), list(spec.instances), [host.name for host in spec.hosts],
-                     list(spec.gateways), list(spec.groups), [group for host in spec.hosts for group in host.groups])
+                     list(spec.gateways), list(spec.groups), [group for host in spec.hosts for group in host.groups],
+                     spec.monitoring)
 
 
 def salvage(data: dict, context: dict) -> SpecParts:
@@ -45,7 +47,8 @@ def salvage(data: dict, context: dict) -> SpecParts:
         listed = [group for item in raw_hosts if isinstance(item, dict) and isinstance(item.get("groups"), list)
                   for group in item["groups"] if isinstance(group, str)]
     return SpecParts(each(raw_hosts, Host), each(data.get("instances"), Instance), names,
-                     each(data.get("gateways"), Gateway), each(data.get("groups"), HostGroup), listed)
+                     each(data.get("gateways"), Gateway), each(data.get("groups"), HostGroup), listed,
+                     _validated_or_none(Monitoring, data["monitoring"], context) if data.get("monitoring") else None)
 
 
 def without_hosts(parts: SpecParts, indexes: set[int]) -> SpecParts:

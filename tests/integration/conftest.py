@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.apply import apply_spec
+from provisioner.audit.expectations import spec_targets
+from provisioner.audit.runner import audit_hosts
+from provisioner.spec import load_spec
 from tests.lab.hosts import LAB_NOTES, Lab, TestHost
 from tests.lab.vm import VM_TIMINGS, VirtualMachine, accelerator, ensure_image
 
@@ -102,3 +106,24 @@ def disk_state(host: TestHost) -> dict[str, str]:
         else:
             state[relative] = "special"  # overlay whiteout: a deleted file
     return state
+
+
+def audit_failures(spec_path: Path) -> dict[str, dict[str, tuple[str, str]]]:
+    """The spec's audit of its hosts: per host, each failed row's (expected, actual)."""
+    reports = audit_hosts(spec_targets(load_spec(spec_path)))
+    return {name: {check.check: (check.expected, check.actual) for check in report.checks if check.status == "failed"}
+            for name, report in reports.items()}
+
+
+def check_then_apply_twice(spec_path: Path, host: TestHost, command: str) -> dict:
+    """Check mode on fresh hosts, then the first and second apply, each with its task results (`events`); `host`'s
+    disk before and after check mode, and the exit status of `command` there after it (what it must not install)."""
+    record: dict = {"disk before": disk_state(host)}
+    events: dict[str, list] = {"check": [], "first": [], "second": []}
+    record["check"] = apply_spec(load_spec(spec_path), check=True, on_result=events["check"].append)
+    record["disk after check"] = disk_state(host)
+    record["installed after check"] = host.ssh(command, check=False).returncode
+    record["first"] = apply_spec(load_spec(spec_path), on_result=events["first"].append)
+    record["second"] = apply_spec(load_spec(spec_path), on_result=events["second"].append)
+    record["events"] = events
+    return record

@@ -21,13 +21,10 @@ import pytest
 import yaml
 
 from provisioner.apply import apply_spec
-from provisioner.audit.expectations import spec_targets
-from provisioner.audit.runner import audit_hosts
 from provisioner.spec import load_spec
-from tests.integration.conftest import disk_state
-from tests.lab.containers import AptRepo
-from tests.lab.haproxy import GatewayHost, haproxy_repo
-from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry
+from tests.integration.conftest import audit_failures, check_then_apply_twice
+from tests.lab.haproxy import haproxy_repo, repo_hosts
+from tests.lab.specs import MODEL, host_entry, instance_entry
 
 KEY = "sk-lab-gateway-4a1f9c"
 PORT = 8080
@@ -36,14 +33,8 @@ CONFIG = "/etc/haproxy/haproxy.cfg"
 
 @pytest.fixture(scope="module")
 def hosts(lab):
-    repo = AptRepo(haproxy_repo(), lab.gateway)
-    booted = lab.boot_many([f"gw{lab.boot_count}", f"gw{lab.boot_count + 1}"], kind=GatewayHost(repo))
-    for host in booted:
-        install_standin(host)
-    yield booted
-    for host in booted:
-        lab.destroy(host)
-    repo.close()
+    with repo_hosts(lab, haproxy_repo(), "gw") as booted:
+        yield booted
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +96,6 @@ def wait_for(predicate, timeout: float = 30.0, step: float = 0.5):
         time.sleep(step)
 
 
-def audit_failures(spec_path) -> dict[str, dict[str, tuple[str, str]]]:
-    reports = audit_hosts(spec_targets(load_spec(spec_path)))
-    return {name: {check.check: (check.expected, check.actual) for check in report.checks if check.status == "failed"}
-            for name, report in reports.items()}
-
-
 def gateway_changes(result_events) -> list[str]:
     return [event.task for event in result_events if "gateway" in event.role and event.status == "changed"]
 
@@ -118,22 +103,13 @@ def gateway_changes(result_events) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(hosts, spec_path):
     """Check mode on the fresh hosts, then the first and second apply, each with its task results."""
-    one, _ = hosts
-    record: dict = {"disk before": disk_state(one)}
-    events: dict[str, list] = {"check": [], "first": [], "second": []}
-    record["check"] = apply_spec(load_spec(spec_path), check=True, on_result=events["check"].append)
-    record["disk after check"] = disk_state(one)
-    record["haproxy after check"] = one.ssh("command -v haproxy", check=False).returncode
-    record["first"] = apply_spec(load_spec(spec_path), on_result=events["first"].append)
-    record["second"] = apply_spec(load_spec(spec_path), on_result=events["second"].append)
-    record["events"] = events
-    return record
+    return check_then_apply_twice(spec_path, hosts[0], "command -v haproxy")
 
 
 def test_check_mode_on_fresh_hosts_changes_nothing_and_predicts_the_run(runs):
     assert runs["check"].succeeded, runs["check"].problems
     assert runs["disk after check"] == runs["disk before"], "check mode changed files on the gateway host"
-    assert runs["haproxy after check"] != 0, "check mode installed haproxy"
+    assert runs["installed after check"] != 0, "check mode installed haproxy"
     check, first = gateway_changes(runs["events"]["check"]), gateway_changes(runs["events"]["first"])
     assert first == ["Install haproxy", "Write haproxy.cfg", "Reload haproxy"]
     # each change of the real run, said beforehand by its check-mode counterpart

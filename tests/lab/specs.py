@@ -53,7 +53,8 @@ def standin_wheelhouse(version: str = "0.25.0", fails_at_start: str | None = Non
     return build_standin_wheel(version, cache_dir() / folder, fails_at_start=fails_at_start).parent
 
 
-def host_entry(host: TestHost, **settings) -> dict:
+def host_entry(host: TestHost, wheelhouse: Path | None = None, **settings) -> dict:
+    """The host's spec entry; its vLLM from `wheelhouse`, else the shared cache's stand-in wheelhouse."""
     return {
         "name": host.name,
         "address": host.address,
@@ -69,7 +70,7 @@ def host_entry(host: TestHost, **settings) -> dict:
             "expected_count": 1,
             "devices": [{"index": 0, "uuid": fake_gpu_uuid(host), "model": "NVIDIA GeForce RTX 3090", "power_limit": "max"}],
         },
-        "vllm": {"version": "0.25.0", "install_path": VLLM_INSTALL_PATH, "wheelhouse": str(standin_wheelhouse())},
+        "vllm": {"version": "0.25.0", "install_path": VLLM_INSTALL_PATH, "wheelhouse": str(wheelhouse or standin_wheelhouse())},
     }
 
 

@@ -112,6 +112,11 @@ def gateway_spec() -> dict:
             "gateways": [{"name": "public", "host": "ws4070", "port": 8080}]}
 
 
+def monitoring_spec() -> dict:
+    """Prometheus on the GPU host itself (roles node_exporter's and prometheus's checks)."""
+    return {**spec_data(), "monitoring": {"host": "ws4070"}}
+
+
 def managed_driver_spec() -> dict:
     """A driver the roles install (role nvidia_driver's checks)."""
     return spec_data(hosts=[host(driver={"source": "nvidia", "branch": "580"})])
@@ -144,7 +149,8 @@ def samples() -> dict[str, list[dict]]:
     these lack: add it here (a spec, or what discovery finds)."""
     specs = [load_spec(path) for path in sorted(EXAMPLES_DIR.glob("*.yml"))]
     specs += [validate_spec(data, check_files=False) for data in (containers_spec(), no_nouveau_blacklist_spec(),
-                                                                         gateway_spec(), managed_driver_spec())]
+                                                                         gateway_spec(), managed_driver_spec(),
+                                                                         monitoring_spec())]
     return {
         "spec": [target.expected for spec in specs for target in spec_targets(spec)],
         "profile": [profile_expectations(load_profile("recommended"), DISCOVERED)],

@@ -199,7 +199,7 @@ def test_controls_become_ansible_playbook_options():
 
 def test_the_tags_are_the_site_playbooks_role_tags():
     assert site_tags() == ["sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install",
-                           "container_engine", "vllm_service", "gateway"]
+                           "container_engine", "vllm_service", "node_exporter", "gateway", "prometheus"]
 
 
 def test_every_role_tags_each_phase_file_with_its_name_and_the_preflight_with_every_phase():
@@ -361,7 +361,8 @@ def test_plan_json_is_the_whole_plan_with_secrets_redacted():
     assert sorted(plan) == ["hosts", "problems", "spec"] and plan["problems"] == []
     (ws3090,) = plan["hosts"]
     assert sorted(ws3090) == ["address", "driver", "fstab_line", "gateway_file", "host", "memory", "memory_problems",
-                              "nouveau_files", "removed_files", "routes", "sysctl_file", "sysctls", "units", "warnings"]
+                              "monitoring_files", "nouveau_files", "removed_files", "routes", "sysctl_file", "sysctls",
+                              "units", "warnings"]
     assert ws3090["driver"]["notes"] == [
         "driver not declared: apply reads it from the host — vLLM 0.25.0 (CUDA 13.0) needs ≥ 580"]
     assert ws3090["driver"]["needs"][0]["build"]["cuda"] == "13.0"

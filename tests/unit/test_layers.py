@@ -17,7 +17,7 @@ LAYERS = [  # bottom first: a module's layer is the first entry that names it or
      "provisioner.rollout"],
     ["provisioner.vllm", "provisioner.gpu"],
     ["provisioner.spec"],
-    ["provisioner.selection", "provisioner.inventory", "provisioner.remote"],
+    ["provisioner.selection", "provisioner.inventory", "provisioner.monitoring", "provisioner.dashboards", "provisioner.remote"],
     ["provisioner.roles", "provisioner.memory_plan", "provisioner.preflight"],
     ["provisioner.plan"],
     ["provisioner.apply", "provisioner.audit", "provisioner.bench", "provisioner.spec_docs"],

@@ -26,6 +26,7 @@ from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
 
 HTTP_PROBE = Path(__file__).with_name("http_probe.sh")  # bash /dev/tcp: plain http
 HTTPS_PROBE = Path(__file__).with_name("http_probe.py")  # python's ssl: https
+MONITORING_PROBE = Path(__file__).with_name("monitoring_probe.py")  # node_exporter's and Prometheus's answers
 READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' own readiness probe
 PROBE_TIMEOUT_S = 10
 # the sysctl.d files as JSON, read on the host by the same code the role's module runs (read_tree)
@@ -126,6 +127,9 @@ class HostFacts:
     gpu_problem: str | None = None  # why they could not be read
     gpu_boot_unit: dict[str, str] | None = None  # `systemctl show` of the nvidia_gpu role's boot unit
     gateway: dict[str, str] | None = None  # `systemctl show` of role gateway's haproxy.service
+    # MONITORING_PROBE's answer: {exporter: {answers, nvsmi_up, nvsmi_age_s} or {error}, prometheus: {targets} or {error}}
+    monitoring: dict[str, Any] | None = None
+    monitoring_problem: str | None = None  # why the probe gave no answer
     # role nvidia_driver's (where it manages the driver): the release codename, {package: {version, want, status}},
     # {kernel: {module: version or ""}} for the kernels with headers, the loaded nvidia module's version (None: not loaded)
     driver_release: str | None = None
@@ -207,6 +211,11 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     if expected.get("gateway"):
         commands["gateway"] = (f"systemctl show {shlex.quote(expected['gateway']['name'])}"
                                " --property=LoadState,UnitFileState,ActiveState")
+    if expected.get("monitoring"):
+        urls = [expected["monitoring"]["exporter"]["url"]] + (
+            [expected["monitoring"]["prometheus"]["url"]] if expected["monitoring"].get("prometheus") else [])
+        commands["monitoring"] = (f"timeout {2 * PROBE_TIMEOUT_S} python3 -c {shlex.quote(MONITORING_PROBE.read_text())} "
+                                  + " ".join(map(shlex.quote, urls)))
     if expected.get("container_toolkit"):
         toolkit = expected["container_toolkit"]
         commands["toolkit_package"] = (f"dpkg-query --show --showformat='${{Version}} ${{db:Status-Abbrev}}' "
@@ -343,6 +352,8 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         facts.gpu_boot_unit = dict(line.split("=", 1) for line in out["gpu_boot_unit"].text.splitlines() if "=" in line)
     if "gateway" in out:
         facts.gateway = dict(line.split("=", 1) for line in out["gateway"].text.splitlines() if "=" in line)
+    if "monitoring" in out:
+        facts.monitoring, facts.monitoring_problem = json_answer(out["monitoring"], dict)
     if "driver_release" in out:
         parse_driver_install(facts, out)
     facts.vllm_version = out.get("vllm_version")

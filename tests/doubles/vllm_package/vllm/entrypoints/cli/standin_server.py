@@ -1,7 +1,8 @@
 """TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions
 (the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
 token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
-options, CUDA environment). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health.
+options, CUDA environment), /metrics (vLLM's names, driven by the load: standin_metrics.py). Like vLLM,
+--api-key / VLLM_API_KEY guard /v1, not /health.
 Timing, so that `vllm bench serve` measures something: the TEST DOUBLE vllm/standin_latency.py, a
 scheduler stepping as vLLM's: STANDIN_TTFT_MS before a request is scheduled, STANDIN_TPOT_MS a batch-1
 step, at most --max-num-seqs requests generating at once (the rest wait), prompts in chunks of
@@ -37,6 +38,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm.entrypoints.cli.standin_metrics import Metrics, kv_cache_tokens
 from vllm.standin_latency import Engine, Settings
 from vllm.standin_sampler import Sampler
 
@@ -67,6 +69,7 @@ def serve(options):
     engine = Engine(Settings(options, os.environ.get("STANDIN_TTFT_MS", "5"), os.environ.get("STANDIN_TPOT_MS", "1")))
     streams = Streams()
     sampler = Sampler()  # the first batch's compile stall (STANDIN_SAMPLER_JIT_S)
+    metrics = Metrics(served[0], kv_cache_tokens(options))  # GET /metrics: standin_metrics.py
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
@@ -93,6 +96,8 @@ def serve(options):
                                                             for name in served]})
             elif self.path == "/standin/process":
                 self._send(200, process)
+            elif self.path == "/metrics":
+                self._send_text(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
             else:
                 self._send(404, {"error": "not found"})
 
@@ -117,13 +122,16 @@ def serve(options):
                 with sampler.row(request):  # in flight as long as a streamed request waits to be scheduled
                     time.sleep(engine.settings.overhead_s)
                     sampler.wait()
+                metrics.at_once(usage["prompt_tokens"], tokens)
                 return self._send(200, {"object": "text_completion", "model": request["model"],
                                         "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
                                         "usage": usage})
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with streams.one(), sampler.row(request), engine.sequence(usage["prompt_tokens"], tokens) as sequence:
+            with metrics.request(usage["prompt_tokens"]) as counted, streams.one(), sampler.row(request), \
+                    engine.sequence(usage["prompt_tokens"], tokens) as sequence:
+                counted.run()  # in the engine (its own queue counts as running here)
                 for index in range(tokens):
                     sampler.wait()
                     engine.next_token(sequence, streams.aborted)
@@ -131,7 +139,10 @@ def serve(options):
                         self._event({"object": "text_completion", "model": request["model"],
                                      "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]})
                         break
+                    counted.token()
                     last = index == tokens - 1
+                    if last:
+                        counted.finish("length")
                     self._event({"object": "text_completion", "model": request["model"],
                                  "choices": [{"index": 0, "text": " w", "logprobs": None,
                                               "finish_reason": "length" if last else None}]})
@@ -139,6 +150,14 @@ def serve(options):
                     self._event({"object": "text_completion", "model": request["model"], "choices": [], "usage": usage})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
+
+        def _send_text(self, code, text, content_type):
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _event(self, body):
             self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
