@@ -93,10 +93,11 @@ def capture_sizes(options, mode, max_num_seqs, max_num_batched_tokens):
 
 
 class Sequence:
-    def __init__(self, prompt_tokens, output_tokens):
+    def __init__(self, prompt_tokens, output_tokens, on_scheduled=None):
         self.prompt_left = max(1, int(prompt_tokens))
         self.output_left = max(1, int(output_tokens))
         self.cancelled = False
+        self.on_scheduled = on_scheduled  # called once, when it joins the running batch (the /metrics counts)
 
 
 class Scheduler:
@@ -115,6 +116,8 @@ class Scheduler:
             seq = self.waiting.popleft()
             if not seq.cancelled:
                 self.running.append(seq)
+                if seq.on_scheduled is not None:
+                    seq.on_scheduled()
         decodes = [seq for seq in self.running if seq.prompt_left == 0]
         budget = self.settings.max_num_batched_tokens - len(decodes)
         chunks = []
@@ -155,10 +158,10 @@ class Engine:
         self.tokens = {}  # sequence → threading.Semaphore released once per token
         threading.Thread(target=self._loop, daemon=True).start()
 
-    def submit(self, prompt_tokens, output_tokens):
+    def submit(self, prompt_tokens, output_tokens, on_scheduled=None):
         """A sequence, queued after the request overhead; take its tokens with next_token()."""
         time.sleep(self.settings.overhead_s)
-        seq = Sequence(prompt_tokens, output_tokens)
+        seq = Sequence(prompt_tokens, output_tokens, on_scheduled)
         with self.lock:
             self.tokens[seq] = threading.Semaphore(0)
             self.scheduler.waiting.append(seq)
@@ -166,9 +169,9 @@ class Engine:
         return seq
 
     @contextlib.contextmanager
-    def sequence(self, prompt_tokens, output_tokens):
+    def sequence(self, prompt_tokens, output_tokens, on_scheduled=None):
         """A request in the engine while the block runs (its tokens: next_token); out of it after."""
-        seq = self.submit(prompt_tokens, output_tokens)
+        seq = self.submit(prompt_tokens, output_tokens, on_scheduled)
         try:
             yield seq
         finally:

@@ -130,8 +130,7 @@ def serve(options):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             with metrics.request(usage["prompt_tokens"]) as counted, streams.one(), sampler.row(request), \
-                    engine.sequence(usage["prompt_tokens"], tokens) as sequence:
-                counted.run()  # in the engine (its own queue counts as running here)
+                    engine.sequence(usage["prompt_tokens"], tokens, on_scheduled=counted.run) as sequence:
                 for index in range(tokens):
                     sampler.wait()
                     engine.next_token(sequence, streams.aborted)
