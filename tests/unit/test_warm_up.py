@@ -6,8 +6,6 @@ wait; ready on the 1-token probe alone, they do."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,50 +14,32 @@ from pathlib import Path
 import pytest
 
 from tests.lab.load import first_token_seconds
+from tests.unit.standin import MODEL, free_port, running
 
-ROOT = Path(__file__).resolve().parents[2]
-READY_PROBE = ROOT / "roles" / "vllm_service" / "files" / "wait-ready"
-STANDIN_PACKAGE = ROOT / "tests" / "doubles" / "vllm_package"
-CATALOG = ROOT / "provisioner" / "vllm" / "catalogs" / "vllm-0.25.0.json"
+READY_PROBE = Path(__file__).resolve().parents[2] / "roles" / "vllm_service" / "files" / "wait-ready"
 JIT_S = 3.0  # the double's compile; the H200's took 7-9 s of the first users' time
 USERS = 16
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
-def server():
-    """A fresh stand-in server (its sampler not compiled yet) on a free port; requests take 100 ms at
-    least, so that the ones sent together are in flight together."""
+def server(tmp_path):
+    """A fresh stand-in server (its sampler not compiled yet); requests wait 100 ms before they are
+    scheduled, so that the ones sent together are in flight together."""
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "org/model", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(STANDIN_PACKAGE), "VLLM_STANDIN_CATALOG": str(CATALOG),
-             "STANDIN_SAMPLER_JIT_S": str(JIT_S), "STANDIN_TTFT_MS": "100", "STANDIN_TPOT_MS": "1"})
-    for _ in range(200):
-        with socket.socket() as attempt:
-            if attempt.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    yield port
-    process.kill()
-    process.wait()
+    with running(port, tmp_path / "standin.log", STANDIN_SAMPLER_JIT_S=str(JIT_S), STANDIN_TTFT_MS="100",
+                 STANDIN_TPOT_MS="1"):
+        yield port
 
 
 def wait_ready(port: int, *options: str) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     run = subprocess.run([sys.executable, str(READY_PROBE), "--base-url", f"http://127.0.0.1:{port}",
-                          "--model", "org/model", "--timeout", "30", *options], capture_output=True, text=True, timeout=60)
+                          "--model", MODEL, "--timeout", "30", *options], capture_output=True, text=True, timeout=60)
     return run, time.monotonic() - started
 
 
 def first_tokens(port: int, sampling: dict) -> list[float]:
-    return first_token_seconds("127.0.0.1", port, "org/model", USERS, sampling)
+    return first_token_seconds("127.0.0.1", port, MODEL, USERS, sampling)
 
 
 def test_after_the_warm_up_the_first_users_do_not_wait_for_the_compile(server):
