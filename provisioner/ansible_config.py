@@ -4,10 +4,12 @@ Ansible finds the user's configuration the usual way ($ANSIBLE_CONFIG, ./ansible
 /etc/ansible/ansible.cfg; ANSIBLE_* variables above it). On top of it:
 
 - MUST_WIN: set as environment variables, which beat any ansible.cfg (strict host key checking; the
-  variables ansible-runner and our output need are set in apply.py).
+  variables our output needs are set in apply.py).
+- The collection's event callback (EVENTS_CALLBACK), added to the callbacks the user enables.
 - PREFERRED: our defaults, applied only where the user's configuration (file or ANSIBLE_* variable)
   does not set the setting; which one does is read with Ansible's own ConfigManager.
-- Mitogen's linear strategy (STRATEGY), where the user names no strategy: Ansible's own linear order,
+- Mitogen's linear strategy (STRATEGY: provisioner/ansible_plugins/strategy/, Mitogen's own with its
+  module scan compiling each file once), where the user names no strategy: Ansible's own linear order,
   with one Python interpreter per host that runs every module instead of one per task (a no-change
   apply of one host takes about half the time; benchmarks/structure_costs.py measures it).
 - A user ssh_args that sets a host-key option is refused: ssh takes the first value it sees, and
@@ -29,7 +31,7 @@ from typing import Any
 from provisioner.hostkeys import ssh_options
 
 MUST_WIN = {
-    # ansible-runner turns host key checking off unless told; both names the ssh plugin reads
+    # both names the ssh plugin reads
     "ANSIBLE_HOST_KEY_CHECKING": "True",
     "ANSIBLE_SSH_HOST_KEY_CHECKING": "True",
 }
@@ -55,9 +57,10 @@ PREFERRED = (
     Preferred("ANSIBLE_RETRY_FILES_ENABLED", "False", ("RETRY_FILES_ENABLED",)),
 )
 
-# Mitogen's strategy, found in its installed package (a dependency); the user's strategy plugin folders
-# stay on the path after it
-STRATEGY = "mitogen_linear"
+# Mitogen's strategy (its package is a dependency), from our strategy folder; the user's strategy plugin
+# folders stay on the path after it
+STRATEGY = "mitogen_linear_cached"
+STRATEGY_DIR = Path(__file__).resolve().parent / "ansible_plugins" / "strategy"
 STRATEGY_SETTINGS = ("DEFAULT_STRATEGY", "DEFAULT_STRATEGY_PLUGIN_PATH")
 
 HOST_KEY_OPTIONS = {option.split()[0].lower() for option in ssh_options("x")} | {"knownhostscommand", "hostkeyalias"}
@@ -144,12 +147,8 @@ def ansible_environment() -> dict[str, str]:
 
 
 def mitogen_strategy_dir() -> Path | None:
-    """The folder of Mitogen's strategy plugins, or None where Mitogen is not installed."""
-    spec = importlib.util.find_spec("ansible_mitogen")
-    if spec is None or spec.origin is None:
-        return None
-    folder = Path(spec.origin).parent / "plugins" / "strategy"
-    return folder if (folder / f"{STRATEGY}.py").is_file() else None
+    """The folder of our Mitogen strategy plugin, or None where Mitogen is not installed."""
+    return STRATEGY_DIR if importlib.util.find_spec("ansible_mitogen") is not None else None
 
 
 def strategy_environment() -> dict[str, str]:
@@ -164,6 +163,20 @@ def strategy_environment() -> dict[str, str]:
     theirs = theirs if isinstance(theirs, list) else str(theirs).split(os.pathsep)
     return {"ANSIBLE_STRATEGY": STRATEGY,
             "ANSIBLE_STRATEGY_PLUGINS": os.pathsep.join([str(folder), *(str(path) for path in theirs)])}
+
+
+EVENTS_CALLBACK = "vllm_provision.gpu_host.provision_events"  # plugins/callback/provision_events.py
+
+
+def events_environment(events_file: Path) -> dict[str, str]:
+    """ANSIBLE_CALLBACKS_ENABLED with the collection's event callback added to the user's own, and the
+    file it appends the run's events to."""
+    setting = read_settings({"CALLBACKS_ENABLED"})["CALLBACKS_ENABLED"]
+    theirs = (setting.value or []) if setting.user_set else []
+    theirs = theirs if isinstance(theirs, list) else str(theirs).split(",")
+    enabled = [str(name).strip() for name in theirs if str(name).strip() and str(name).strip() != EVENTS_CALLBACK]
+    return {"ANSIBLE_CALLBACKS_ENABLED": ",".join([*enabled, EVENTS_CALLBACK]),
+            "PROVISION_EVENTS_FILE": str(events_file)}
 
 
 def collections_paths() -> list[str]:

@@ -1,7 +1,7 @@
 """Run our playbook against a generated inventory and report per task and per host.
 
-Ansible is driven through ansible-runner, which streams Ansible's own callback
-events; we turn them into `TaskResult`s (live progress) and `HostStats`
+ansible-playbook runs with the collection's event callback, whose events
+we read as they come and turn into `TaskResult`s (live progress) and `HostStats`
 (the per-host summary).  Importable and usable without the CLI.
 """
 
@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +26,7 @@ import yaml
 
 from provisioner import paths
 from provisioner.selection import select_hosts
-from provisioner.ansible_config import ansible_environment, collections_paths
+from provisioner.ansible_config import ansible_environment, collections_paths, events_environment
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import write_inventory
 from provisioner.preflight import (
@@ -96,7 +100,6 @@ class ApplyResult:
 
 # --------------------------------------------------------------------------- what the user passes to Ansible
 
-BECOME_PROMPT = r"^[A-Z]+ password[^:\n]*:\s*$"  # ansible-playbook --ask-become-pass: "BECOME password: "
 # extra vars that would undo how ssh checks the host's key (provisioner/hostkeys.py): refused
 TRUST_VARS = ("ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_ssh_args",
               "ansible_ssh_common_args")
@@ -115,7 +118,7 @@ class Controls:
     extra_vars: tuple[str, ...] = ()  # each VAR=VALUE (several, space-separated), YAML/JSON, or @FILE
     verbosity: int = 0
     forks: int | None = None
-    become_password: str | None = field(default=None, repr=False)  # sent to Ansible's prompt, never written
+    become_password: str | None = field(default=None, repr=False)  # to ansible-playbook's standard input, never written
     rollout: Rollout | None = None  # --rolling: batches, a canary first (provisioner/rollout.py)
 
     def options(self) -> list[str]:
@@ -126,7 +129,8 @@ class Controls:
             options += ["--extra-vars", extra]
         options += ["-" + "v" * min(self.verbosity, 6)] if self.verbosity else []
         options += [f"--forks={self.forks}"] if self.forks is not None else []
-        options += ["--ask-become-pass"] if self.become_password is not None else []
+        # read from ansible-playbook's standard input (run_playbook writes it there)
+        options += ["--become-password-file", "-"] if self.become_password is not None else []
         options += ["--extra-vars", self.rollout.extra_vars()] if self.rollout is not None else []
         return options
 
@@ -219,42 +223,13 @@ def _message(result: dict) -> str:
     return message
 
 
-CENSORED = "censored"  # ansible-runner replaces a no_log result by {"censored": ...}, its "changed" too
+CENSORED = "censored"  # Ansible hands every callback a no_log result as {"censored": ..., "changed": ...}
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _says_changed(event: dict) -> bool:
-    """Whether Ansible's own output line for this event says "changed": the one place a censored
-    (no_log) result keeps it."""
-    return ANSI_ESCAPE.sub("", str(event.get("stdout") or "")).lstrip().startswith("changed:")
-
-
-def censored_change(event: dict) -> bool:
-    """An item of a no_log loop that Ansible reports changed (runner_item_on_ok)."""
-    data = event.get("event_data", {})
-    return event.get("event") == "runner_item_on_ok" and CENSORED in (data.get("res") or {}) and _says_changed(event)
-
-
-class ResultReader:
-    """Reads a run's events in order into TaskResults: a no_log loop's final result is censored, so
-    whether it changed is learnt from its items' events before it."""
-
-    def __init__(self) -> None:
-        self._censored_changes: set[tuple] = set()  # (host, task) of no_log loops with a changed item
-
-    def read(self, event: dict) -> TaskResult | None:
-        data = event.get("event_data", {})
-        key = (data.get("host"), data.get("task_uuid"))
-        if censored_change(event):
-            self._censored_changes.add(key)
-        return task_result(event, censored_items_changed=key in self._censored_changes)
-
-
-def task_result(event: dict, censored_items_changed: bool = False) -> TaskResult | None:
-    """Turn one ansible-runner event into a TaskResult, or None when it is not a task result.
-
-    A no_log result is censored whole: it is "changed" when Ansible's line says so or, for a loop,
-    when one of its items did (`censored_items_changed`); its diff is never shown, only that it changes."""
+def task_result(event: dict) -> TaskResult | None:
+    """Turn one event of the run (plugins/callback/provision_events.py) into a TaskResult, or None when
+    it is not a task result. A no_log result is censored: its diff is never shown, only that it changes."""
     name = event.get("event")
     status = RESULT_EVENTS.get(name)
     if status is None:
@@ -262,7 +237,7 @@ def task_result(event: dict, censored_items_changed: bool = False) -> TaskResult
     data = event.get("event_data", {})
     result = data.get("res", {}) or {}
     censored = CENSORED in result
-    if status == "ok" and (result.get("changed") or (censored and (censored_items_changed or _says_changed(event)))):
+    if status == "ok" and result.get("changed"):
         status = "changed"
     if censored:
         diffs = [{"hidden": True}] if status == "changed" else []
@@ -354,6 +329,31 @@ def _stats(event: dict) -> dict[str, HostStats]:
     }
 
 
+class AppendedLines:
+    """The whole lines appended to a file since the last read (the file may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stream = None
+        self._partial = ""
+
+    def read(self) -> list[str]:
+        if self._stream is None:
+            if not self._path.exists():
+                return []
+            self._stream = open(self._path, encoding="utf-8", errors="replace")  # noqa: SIM115 (kept open)
+        lines = (self._partial + self._stream.read()).split("\n")
+        self._partial = lines.pop()
+        return lines
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+
+POLL_SECONDS = 0.05  # how often the run's event and output files are read while it goes on
+
+
 def run_playbook(
     inventory_dir: Path,
     *,
@@ -364,71 +364,95 @@ def run_playbook(
     playbook: str | Path | None = None,
     controls: Controls = Controls(),
     on_output: Callable[[str], None] | None = None,
+    on_event: Callable[[dict], None] | None = None,
 ) -> ApplyResult:
     """Run the collection's site playbook (or `playbook`) on the inventory; call on_result per task
-    result and, with controls.verbosity, on_output with Ansible's own output lines.
+    result, on_event with each raw event (tests/lab/record_events.py records them) and, with
+    controls.verbosity, on_output with Ansible's own output lines.
 
-    Ansible reads the user's own configuration (run from the current folder, as ansible-playbook is);
-    provisioner.ansible_config says which of our settings win. Raises ControlError / AnsibleConfigError
-    before anything runs."""
+    ansible-playbook runs as typed in the current folder, with the collection's event callback
+    (plugins/callback/provision_events.py) appending the run's events to a file of a private folder,
+    read as they come; the become password goes to it on its standard input, never to a file. Ansible
+    reads the user's own configuration; provisioner.ansible_config says which of our settings win.
+    Raises ControlError / AnsibleConfigError before anything runs."""
     check_controls(controls)
     environment = ansible_environment()
     playbook = playbook or paths.site_playbook()
     problems: list[TaskResult] = []
     stats: dict[str, HostStats] = {}
-    reader = ResultReader()
     timeline = Timeline()
+    output_lines: list[str] = []
 
-    def handle(event: dict) -> bool:
+    def handle(event: dict) -> None:
         nonlocal stats
+        if on_event is not None:
+            on_event(event)
         timeline.read(event)
         if event.get("event") == "playbook_on_stats":
             stats = _stats(event)
-        if on_output is not None and controls.verbosity and event.get("stdout"):
-            on_output(ANSI_ESCAPE.sub("", str(event["stdout"])))
-        result = reader.read(event)
+        result = task_result(event)
         if result is not None:
             if result.status in ("failed", "unreachable") and not result.ignored:
                 problems.append(result)
             if on_result is not None:
                 on_result(result)
-        return False  # do not keep events in memory
 
-    options = []
-    if check:
-        options.append("--check")
-    if diff:
-        options.append("--diff")
+    def output(line: str) -> None:
+        output_lines.append(line)
+        del output_lines[:-20]  # the tail is kept, for a run that ends before its stats
+        if on_output is not None and controls.verbosity:
+            on_output(ANSI_ESCAPE.sub("", line))
+
+    options = ["--check"] if check else []
+    options += ["--diff"] if diff else []
+    options += ["--limit", limit] if limit else []
     options += controls.options()
-    # ansible-runner starts ansible-playbook from PATH: the one installed beside this Python
-    venv_bin = Path(sys.executable).parent
+    venv_bin = Path(sys.executable).parent  # the ansible-playbook installed beside this Python
     with tempfile.TemporaryDirectory(prefix="provision-run-") as private_dir:
-        import ansible_runner  # only here: the other commands run where Ansible is not installed (a GPU host)
-
-        runner = ansible_runner.run(
-            private_data_dir=private_dir,
-            # ansible-playbook runs in the current folder, as when typed there: it finds ./ansible.cfg
-            project_dir=os.getcwd(),
-            playbook=str(playbook),
-            inventory=str(Path(inventory_dir).resolve()),
-            limit=limit,
-            cmdline=shlex.join(options) or None,
-            envvars={
-                **environment,
-                # our collection first: its roles, module and playbook by their names
-                "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
-                    [str(paths.collections_dir(Path(private_dir) / "collections")), *collections_paths()]),
-                "ANSIBLE_FORCE_COLOR": "0",
-                "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-            },
-            # answered on Ansible's prompt through the pty; ansible-runner keeps it in memory only
-            passwords={BECOME_PROMPT: controls.become_password} if controls.become_password is not None else None,
-            event_handler=handle,
-            quiet=True,
-            suppress_env_files=True,
-        )
-        rc = runner.rc if runner.rc is not None else 1
-        output_tail = "" if stats else "\n".join(runner.stdout.read().strip().splitlines()[-20:])
+        events_file, output_file = Path(private_dir) / "events.jsonl", Path(private_dir) / "output.txt"
+        command = [str(venv_bin / "ansible-playbook"), "-i", str(Path(inventory_dir).resolve()), str(playbook),
+                   *options]
+        variables = {
+            **os.environ,
+            **environment,
+            **events_environment(events_file),
+            # our collection first: its roles, modules, callback and playbook by their names
+            "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+                [str(paths.collections_dir(Path(private_dir) / "collections")), *collections_paths()]),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        events, lines = AppendedLines(events_file), AppendedLines(output_file)
+        password = controls.become_password
+        with open(output_file, "wb") as output_stream:
+            process = subprocess.Popen(command, env=variables, stdout=output_stream, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL)
+        try:
+            if password is not None:  # read by --become-password-file - until the pipe closes
+                process.stdin.write(password.encode() + b"\n")
+                process.stdin.close()
+            while True:
+                ended = process.poll() is not None
+                for line in events.read():
+                    if line.strip():
+                        handle(json.loads(line))
+                for line in lines.read():
+                    output(line)
+                if ended:
+                    break
+                time.sleep(POLL_SECONDS)
+        finally:
+            if process.poll() is None:  # interrupted: Ansible stops as on Ctrl-C, its workers with it
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            events.close()
+            lines.close()
+        rc = process.returncode
+        output_tail = "" if stats else "\n".join(line for line in output_lines if line.strip())
     return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns,
                        turns_since=timeline.started_at)
 

@@ -1,4 +1,4 @@
-"""provisioner.apply turns ansible-runner's events into task results and per-host stats."""
+"""provisioner.apply turns the run's events (plugins/callback/provision_events.py) into task results and per-host stats."""
 
 from __future__ import annotations
 
@@ -71,21 +71,20 @@ def test_a_failed_loop_says_why_each_failed_item_failed():
 
 
 # --- recorded events ------------------------------------------------------------------------------------
-# tests/fixtures/ansible-events/*.json are REAL ansible-runner events, recorded from `apply --check --diff`
-# runs on a lab host (ansible-core 2.19.14; see the folder's README), trimmed to a few tasks.
+# tests/fixtures/ansible-events/*.json are REAL events of the collection's event callback, recorded from
+# `apply --check --diff` runs on a lab host (tests/lab/record_events.py; see the folder's README), trimmed
+# to a few tasks.
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from provisioner.apply import ResultReader  # noqa: E402
 
 EVENTS = Path(__file__).resolve().parent.parent / "fixtures" / "ansible-events"
 
 
 def recorded(name: str) -> dict[str, object]:
     """task name -> its TaskResult, read as run_playbook reads the events, in order."""
-    reader = ResultReader()
-    results = [reader.read(event) for event in json.loads((EVENTS / f"{name}.json").read_text())]
+    results = [task_result(event) for event in json.loads((EVENTS / f"{name}.json").read_text())]
     return {result.task: result for result in results if result is not None}
 
 
@@ -100,7 +99,7 @@ def test_a_loop_templates_diff_is_shown_labelled_with_its_destination():
     assert units.status == "changed"
     assert text.startswith("--- /etc/systemd/system/vllm-chat.service (now)\n"
                            "+++ /etc/systemd/system/vllm-chat.service (after apply)\n")
-    assert "+ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
+    assert "+ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
     assert "/root/.ansible/tmp" not in text
     config = rendered(recorded("fresh-host-check-diff")["Write the config files"])
     assert "+++ /etc/vllm/chat.yaml (after apply)\n" in config
@@ -114,12 +113,12 @@ def test_a_new_file_of_a_plain_template_is_labelled_with_its_destination():
 
 def test_a_drifted_unit_file_shows_the_line_apply_puts_back():
     text = rendered(recorded("drifted-host-check-diff")["Write the units"])
-    assert "-ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml --enforce-eager\n" in text
-    assert "+ExecStart=/opt/vllm/venv/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
+    assert "-ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml --enforce-eager\n" in text
+    assert "+ExecStart=/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml\n" in text
 
 
 def test_the_censored_env_files_count_as_changed_and_show_only_that_their_content_changes():
-    """no_log: ansible-runner censors the result whole, "changed" too; Ansible's item line still says changed."""
+    """no_log: Ansible censors the result whole for every callback, keeping only "changed" (and a few status keys)."""
     for name in ("fresh-host-check-diff", "drifted-host-check-diff"):  # a new file; a file whose mode drifted
         env_files = recorded(name)["Write the env files"]
         assert env_files.status == "changed", name
@@ -137,5 +136,5 @@ def test_directories_and_modes_render_as_attribute_changes():
 def test_check_modes_would_and_warnings_are_kept_as_notes():
     results = recorded("fresh-host-check-diff")
     assert results["Report the /dev/shm (re)mount check mode would do"].notes == [
-        "would remount /dev/shm with size=1G (live: 2527600640 bytes)"]
-    assert results["Warn that vLLM is not installed (check mode)"].notes[0].startswith("WARNING: vLLM is not installed")
+        "would remount /dev/shm with size=1G (live: 2527608832 bytes)"]
+    assert results["Say which new instances would be enabled (check mode)"].notes == ["would enable vllm-chat.service"]

@@ -193,7 +193,7 @@ def test_controls_become_ansible_playbook_options():
     controls = Controls(tags=split_tags(["sysctl,shm", "sysctl"]), skip_tags=("nouveau",),
                         extra_vars=("a=1 b=2", "@vars.yml"), verbosity=3, forks=4, become_password="pw")
     assert controls.options() == ["--tags=sysctl,shm", "--skip-tags=nouveau", "--extra-vars", "a=1 b=2",
-                                  "--extra-vars", "@vars.yml", "-vvv", "--forks=4", "--ask-become-pass"]
+                                  "--extra-vars", "@vars.yml", "-vvv", "--forks=4", "--become-password-file", "-"]
     assert "pw" not in repr(controls) and "pw" not in controls.options()
 
 
@@ -299,10 +299,10 @@ def test_mitogens_strategy_runs_the_apply_where_the_user_names_none(tmp_path, mo
     for name in [key for key in os.environ if key.startswith("ANSIBLE_")]:
         monkeypatch.delenv(name)
     environment = ansible_environment()
-    assert environment["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert environment["ANSIBLE_STRATEGY"] == "mitogen_linear_cached"
     assert effective(["DEFAULT_STRATEGY", "DEFAULT_STRATEGY_PLUGIN_PATH"], tmp_path, environment) == {
-        "DEFAULT_STRATEGY": "mitogen_linear", "DEFAULT_STRATEGY_PLUGIN_PATH": [str(mitogen_strategy_dir())]}
-    assert (mitogen_strategy_dir() / "mitogen_linear.py").is_file()
+        "DEFAULT_STRATEGY": "mitogen_linear_cached", "DEFAULT_STRATEGY_PLUGIN_PATH": [str(mitogen_strategy_dir())]}
+    assert (mitogen_strategy_dir() / "mitogen_linear_cached.py").is_file()
 
 
 def test_a_users_strategy_is_theirs_and_their_strategy_plugins_stay_on_the_path(tmp_path, monkeypatch):
