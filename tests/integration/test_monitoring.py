@@ -6,8 +6,8 @@ alerts fire within seconds.
 
 One module-scoped pair of hosts, shared by the tests in order: check mode on the fresh hosts, apply twice,
 every target up in Prometheus's HTTP API, the stand-in's and the GPU timer's metrics in Prometheus, a
-stopped instance and a 300 W power cap each firing their alert, the audit and its drift, a reboot of the
-monitoring host.
+stopped instance, a 300 W power cap and an Xid 79 line in the journal each firing their alert, the audit and
+its drift, a reboot of the monitoring host.
 """
 
 from __future__ import annotations
@@ -183,6 +183,9 @@ def test_prometheus_scrapes_every_target_of_the_spec(hosts, runs, spec_path):
     limits = values(hosts, "nvsmi_power_limit_watts")
     assert {labels[3][1]: value for labels, value in limits.items()} == {one.name: 400.0, two.name: 400.0}
     assert values(hosts, "nvsmi_up") == {(("host", h.name), ("instance", h.name), ("job", "node")): 1.0 for h in hosts}
+    # journalctl answers the timer, in its unit's sandbox (the Xid counters' source)
+    assert values(hosts, "nvsmi_kernel_log_up") == {(("host", h.name), ("instance", h.name), ("job", "node")): 1.0
+                                                    for h in hosts}
 
 
 def stream(host, tokens: int) -> None:
@@ -263,6 +266,37 @@ def test_a_300_w_power_cap_fires_gpu_power_limit_below_target(hosts, runs, spec_
     repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("nvidia_gpu",)))
     assert repaired.succeeded, repaired.problems
     assert wait_for(lambda: firing(hosts, "GpuPowerLimitBelowTarget") == [], timeout=60)
+
+
+XID_79 = "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+# the GPU timer's test seam (roles/node_exporter/files/nvsmi-textfile): its journal match, for a line logger wrote
+XID_SEAM = "/etc/systemd/system/nvsmi-textfile.service.d/lab-xid-seam.conf"
+
+
+def test_an_xid_79_in_the_journal_fires_gpu_xid_needs_action(hosts, runs):
+    """The containers have no kernel log of their own: the Xid line goes into host two's journal with `logger -t
+    kernel`, which `journalctl -k` does not read (it is _TRANSPORT=syslog), so the timer reads it through its test
+    seam (SYSLOG_IDENTIFIER=kernel, which the kernel's own lines have too). Its labels: the GPU's, joined from the
+    TEST DOUBLE's pci.bus_id (00000000:01:00.0)."""
+    _, two = hosts
+    assert firing(hosts, "GpuXidNeedsAction") == []
+    two.ssh(f"mkdir -p {XID_SEAM.rsplit('/', 1)[0]} && printf '[Service]\\nEnvironment="
+            f"NVSMI_TEXTFILE_KERNEL_MATCH=SYSLOG_IDENTIFIER=kernel\\n' > {XID_SEAM} && systemctl daemon-reload")
+    try:
+        two.ssh(f"logger -t kernel -p kern.err '{XID_79}'")
+        assert two.ssh("journalctl -k -b 0 -o cat | grep -c 'NVRM: Xid'", check=False).stdout.strip() == "0"
+        assert wait_for(lambda: firing(hosts, "GpuXidNeedsAction"), timeout=60) == [{
+            "alertname": "GpuXidNeedsAction", "severity": "critical", "job": "node", "host": two.name,
+            "instance": two.name, "gpu": "0", "gpu_uuid": fake_gpu_uuid(two), "gpu_name": "NVIDIA GeForce RTX 3090",
+            "pci_bus_id": "0000:01:00", "xid": "79"}]
+        assert values(hosts, f'nvsmi_xid_errors_total{{host="{two.name}"}}') == {
+            (("gpu", "0"), ("gpu_name", "NVIDIA GeForce RTX 3090"), ("gpu_uuid", fake_gpu_uuid(two)),
+             ("host", two.name), ("instance", two.name), ("job", "node"), ("pci_bus_id", "0000:01:00"),
+             ("xid", "79")): 1.0}
+    finally:  # the seam gone and the counts since boot forgotten: the series goes, the alert clears
+        two.ssh(f"systemctl stop nvsmi-textfile.timer nvsmi-textfile.service; rm -f {XID_SEAM} "
+                "/var/lib/nvsmi-textfile/xid.json; systemctl daemon-reload; systemctl start nvsmi-textfile.timer")
+    assert wait_for(lambda: firing(hosts, "GpuXidNeedsAction") == [], timeout=60)
 
 
 def test_the_audit_passes_then_names_a_stopped_exporter(hosts, runs, spec_path):

@@ -40,7 +40,7 @@ def exported(tmp_path_factory) -> Path:
 def test_the_exported_configuration_passes_promtool_check_config(exported):
     checked = promtool("check", "config", "prometheus.yml", cwd=exported)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 12 rules found" in checked.stdout
+    assert "SUCCESS: 13 rules found" in checked.stdout
 
 
 def test_the_alert_rules_pass_their_promtool_tests(exported):
@@ -55,7 +55,7 @@ def test_every_alert_has_a_test_that_sees_it_fire():
     assert sorted(fired) == sorted(monitoring.alert_names(load_spec(SPEC)))
     assert monitoring.alert_names(load_spec(SPEC)) == [
         "VllmInstanceDown", "VllmKvCacheHigh", "VllmRequestsQueueing", "VllmTtftOverSlo", "VllmItlOverSlo",
-        "GpuPowerLimitBelowTarget", "GpuMemorySharesExceeded", "GpuThrottled", "GpuMetricsFailing",
+        "GpuPowerLimitBelowTarget", "GpuMemorySharesExceeded", "GpuThrottled", "GpuMetricsFailing", "GpuXidNeedsAction",
         "NodeExporterDown", "HostSwappingWhileVllmRuns"]
 
 
