@@ -268,6 +268,7 @@ def test_a_300_w_power_cap_fires_gpu_power_limit_below_target(hosts, runs, spec_
     assert wait_for(lambda: firing(hosts, "GpuPowerLimitBelowTarget") == [], timeout=60)
 
 
+GPU_TIMER_UNIT = "/etc/systemd/system/nvsmi-textfile.timer"
 XID_79 = "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 # the GPU timer's test seam (roles/node_exporter/files/nvsmi-textfile): its journal match, for a line logger wrote
 XID_SEAM = "/etc/systemd/system/nvsmi-textfile.service.d/lab-xid-seam.conf"
@@ -303,21 +304,28 @@ def test_the_audit_passes_then_names_a_stopped_exporter(hosts, runs, spec_path):
     one, two = hosts
     assert audit_failures(spec_path) == {one.name: {}, two.name: {}}
     two.ssh("systemctl stop prometheus-node-exporter.service")
+    # and a rendered file drifted (systemd reads the timer again only at a daemon-reload: harmless meanwhile)
+    two.ssh(f"echo '# local change' >> {GPU_TIMER_UNIT}")
     try:
         assert wait_for(lambda: targets_up(hosts)[("node", two.name)] == "down", timeout=30)
         drifted = audit_failures(spec_path)
         assert drifted[two.name] == {
             "node_exporter: answers": ("answers on http://127.0.0.1:9100/metrics", "[Errno 111] Connection refused"),
-            "node_exporter: GPU metrics": ("nvsmi_up 1, at most 16 s old", "[Errno 111] Connection refused")}
+            "node_exporter: GPU metrics": ("nvsmi_up 1, at most 16 s old", "[Errno 111] Connection refused"),
+            f"file {GPU_TIMER_UNIT}": ("as rendered (11 lines, root:root 0644)",
+                                       "line 12: '# local change' added (root:root 0644)")}
         assert list(drifted[one.name]) == [f"prometheus: node/{two.name} up"]
         expected, actual = drifted[one.name][f"prometheus: node/{two.name} up"]
         assert expected == "up"
         assert actual.startswith(f'down: Get "http://{two.address}:9100/metrics": dial tcp {two.address}:9100: connect: '
                                  "connection refused"), actual
-    finally:  # role node_exporter starts it again
-        repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("node_exporter",)))
+    finally:  # role node_exporter starts it again, and writes the timer again
+        events: list = []
+        repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("node_exporter",)),
+                              on_result=events.append)
     assert repaired.succeeded, repaired.problems
-    assert repaired.changed == 1
+    assert monitoring_changes(events, two) == ["Write the GPU metrics timer", "Enable and start the exporter",
+                                               "Restart the GPU metrics timer"]
     assert wait_for(lambda: targets_up(hosts)[("node", two.name)] == "up", timeout=30)
     assert audit_failures(spec_path) == {one.name: {}, two.name: {}}
 

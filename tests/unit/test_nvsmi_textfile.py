@@ -80,7 +80,8 @@ name = "query-ecc.csv" if "ecc." in query else "query-gpu.csv"
 sys.stdout.write(open(os.path.join(os.environ["FAKE_NVIDIA_SMI_DIR"], name)).read())
 """
 # journalctl -b 0 MATCH -o cat --no-pager -q --show-cursor [--after-cursor=N]: the lines of FAKE_JOURNAL (a JSON
-# list) after entry N, then the cursor of the last one shown (none when none is)
+# list) after entry N, then the cursor of the last one shown; none shown: nothing, exit status 1 (what systemd
+# 252's journalctl does, seen on the lab's Debian 12 hosts)
 FAKE_JOURNALCTL = """#!{python}
 import json, os, sys
 entries = json.load(open(os.environ["FAKE_JOURNAL"]))
@@ -91,8 +92,9 @@ with open(os.environ["FAKE_JOURNAL"] + ".calls", "a") as log:
 shown = entries[start:]
 for line in shown:
     print(line)
-if shown:
-    print("-- cursor: %d" % (len(entries) - 1))
+if not shown:
+    sys.exit(1)
+print("-- cursor: %d" % (len(entries) - 1))
 """
 
 
