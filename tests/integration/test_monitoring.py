@@ -28,12 +28,9 @@ from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.integration.conftest import audit_failures, check_then_apply_twice
 from tests.lab.haproxy import repo_hosts
-from tests.lab.monitoring import monitoring_repo
-from tests.lab.specs import MODEL, fake_gpu_uuid, host_entry, instance_entry
+from tests.lab.monitoring import PROMETHEUS_PORT, monitoring_repo, monitoring_spec
+from tests.lab.specs import MODEL, fake_gpu_uuid
 
-PROMETHEUS_PORT = 9090
-MONITORING = {"scrape_interval": "2s", "gpu_metrics_interval": "2s",
-              "alerts": {"down_for": "4s", "pending_for": "4s", "rate_window": "30s"}}
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +46,8 @@ def spec_path(hosts, tmp_path_factory):
     # a wheelhouse of this module's own: the shared cache's stand-in wheel is rebuilt by every lab that starts,
     # from its own checkout (another checkout's stand-in may have no /metrics)
     wheelhouse = build_standin_wheel("0.25.0", folder / "standin-wheelhouse").parent
-    data = {
-        "version": 1,
-        "hosts": [host_entry(one, wheelhouse), host_entry(two, wheelhouse)],
-        "instances": [instance_entry(one, "qwen-a", 8000, slo={"ttft_p99_ms": 200}, env={"STANDIN_TTFT_MS": "300"}),
-                      instance_entry(two, "qwen-b", 8000)],
-        "monitoring": {"host": one.name, **MONITORING},
-    }
     path = folder / "spec.yml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.safe_dump(monitoring_spec(one, two, wheelhouse), sort_keys=False))
     return path
 
 
