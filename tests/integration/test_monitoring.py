@@ -28,7 +28,7 @@ from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.integration.conftest import audit_failures, check_then_apply_twice
 from tests.lab.haproxy import repo_hosts
-from tests.lab.monitoring import PROMETHEUS_PORT, monitoring_repo, monitoring_spec
+from tests.lab.monitoring import PROMETHEUS_PORT, monitoring_repo, monitoring_spec, stream_completion
 from tests.lab.specs import MODEL, fake_gpu_uuid
 
 
@@ -179,11 +179,7 @@ def test_prometheus_scrapes_every_target_of_the_spec(hosts, runs, spec_path):
 
 
 def stream(host, tokens: int) -> None:
-    body = json.dumps({"model": MODEL, "prompt": "one two three", "max_tokens": tokens, "stream": True}).encode()
-    request = urllib.request.Request(f"http://{host.address}:8000/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        answer.read()
+    stream_completion(host.address, tokens, timeout=30)
 
 
 def test_the_stand_in_s_metrics_and_a_missed_slo_reach_prometheus(hosts, runs):

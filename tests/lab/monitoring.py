@@ -5,11 +5,13 @@ spec both tests/integration/test_monitoring.py and benchmarks/render_dashboards.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 
 from tests.lab.haproxy import debian_repo
 from tests.lab.hosts import TestHost
-from tests.lab.specs import host_entry, instance_entry
+from tests.lab.specs import MODEL, host_entry, instance_entry
 
 MONITORING_PACKAGES = ("prometheus", "prometheus-node-exporter")  # what roles prometheus and node_exporter install
 PROMETHEUS_PORT = 9090
@@ -32,3 +34,12 @@ def monitoring_spec(one: TestHost, two: TestHost, wheelhouse: Path) -> dict:
                       instance_entry(two, "qwen-b", 8000)],
         "monitoring": {"host": one.name, **MONITORING},
     }
+
+
+def stream_completion(address: str, tokens: int, port: int = 8000, timeout: float = 60) -> None:
+    """One streamed completion of `tokens` tokens from the instance at address:port, read to its end."""
+    body = json.dumps({"model": MODEL, "prompt": "one two three", "max_tokens": tokens, "stream": True}).encode()
+    request = urllib.request.Request(f"http://{address}:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        answer.read()
