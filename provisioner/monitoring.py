@@ -28,6 +28,16 @@ TEXTFILE_PREFIX = "nvsmi_"  # the metrics of the GPU timer (roles/node_exporter/
 # clocks_event_reasons that mean the card slows down for heat or an external power brake (not its own
 # power limit, sw_power_cap, which a loaded card hits by design): GpuThrottled
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+# Xid codes that need a GPU reset, a reboot or service, not only a restart of the application (GpuXidNeedsAction):
+# 46 (GPU stopped processing) and 48 (double bit ECC error): CRITICAL, "drain: reset_gpu → service_required" in
+# NVIDIA's Health Validation Xid checks (docs.nvidia.com/health-validation/reference/checks/xid.md); 48, 63, 64:
+# the double bit error and the page retirement/row remapping events of NVIDIA's dynamic page retirement
+# (docs.nvidia.com/deploy/dynamic-page-retirement/visibility.html: "reload the driver to activate", "unable to
+# retire page"); 79: the GPU has fallen off the bus; 154: the driver's own "GPU recovery action changed ...
+# (GPU Reset Required)" (github.com/NVIDIA/open-gpu-kernel-modules issues 1045, 1151); 74 (NVLink error), 92
+# (high single-bit ECC rate), 94 and 95 (contained and uncontained ECC errors): from issue 20's list, whose
+# resolution buckets are in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)
+XID_NEEDS_ACTION = (46, 48, 63, 64, 74, 79, 92, 94, 95, 154)
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,11 @@ def gpu_rules(spec: Spec) -> list[dict[str, Any]]:
               alerts.pending_for, "warning", "a GPU slows its clocks for heat or a hardware power brake"),
         _rule("GpuMetricsFailing", f"{TEXTFILE_PREFIX}up{_selector(job=NODE_JOB)} == 0", alerts.down_for, "warning",
               "nvidia-smi does not answer the GPU metrics timer"),
+        # counted since boot: it fires at the first such line and until the host reboots
+        _rule("GpuXidNeedsAction",
+              f'{TEXTFILE_PREFIX}xid_errors_total{{job="{NODE_JOB}",xid=~"{"|".join(map(str, XID_NEEDS_ACTION))}"}} > 0',
+              "0s", "critical", "a GPU logged an Xid error that needs a GPU reset, a reboot or service (NVIDIA's Xid "
+                                "catalog); counted since boot, it fires until the host reboots"),
     ]
     return rules
 

@@ -25,7 +25,15 @@ from provisioner.file_formats import exec_argv, sysctl_settings, unit_environmen
 from provisioner.module_utils import driver_state, systemd_dropins
 from provisioner.monitoring import duration_seconds, expected_targets
 from provisioner.paths import role_dir
-from provisioner.plan import GATEWAY_TEMPLATE, HostPlan, PlannedUnit, gateway_file, host_files
+from provisioner.plan import (
+    EXPORTER_TEMPLATES,
+    GATEWAY_TEMPLATE,
+    GPU_TIMER_TEMPLATES,
+    HostPlan,
+    PlannedUnit,
+    gateway_file,
+    host_files,
+)
 from provisioner.remote import Connection, spec_connection
 from provisioner.roles import (
     ENV_TEMPLATE,
@@ -388,6 +396,28 @@ def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, A
     if variables["gateway_frontends"]:
         # with the real API keys, as the role writes it: the row shows only line numbers and redacted lines
         files.append(rendered_file(gateway_file(variables, real_keys=True), GATEWAY_TEMPLATE))
+    return files + monitoring_managed_files(variables)
+
+
+def monitoring_managed_files(variables: dict[str, Any]) -> list[dict[str, Any]]:
+    """Role node_exporter's files (its arguments; the GPU timer's script and units) and, on the monitoring host,
+    role prometheus's (the configuration provisioner/monitoring.py computes, its arguments): the files
+    `provision plan` shows, in the order the roles write them."""
+    files = []
+    if variables.get("node_exporter_enabled"):
+        files.append(rendered_file(render_role_file("node_exporter", EXPORTER_TEMPLATES[0], variables),
+                                   EXPORTER_TEMPLATES[0]))
+        if variables["node_exporter_gpu_timer"]:
+            files.append(copied_file("node_exporter", "nvsmi-textfile", variables))
+            files += [rendered_file(render_role_file("node_exporter", name, variables), name)
+                      for name in GPU_TIMER_TEMPLATES]
+    if variables.get("prometheus_files"):
+        task = find_task_args("prometheus", "copy", lambda args: "prometheus.yml" in str(args.get("dest")))
+        files += [{"path": f"{variables['prometheus_config_dir']}/{name}", "role": "prometheus",
+                   "owner": f"{task['owner']}:{task['group']}", "mode": task["mode"], "content": text, "skip": None}
+                  for name, text in sorted(variables["prometheus_files"].items())]
+        files.append(rendered_file(render_role_file("prometheus", "prometheus.default.j2", variables),
+                                   "prometheus.default.j2"))
     return files
 
 

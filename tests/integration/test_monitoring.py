@@ -6,8 +6,8 @@ alerts fire within seconds.
 
 One module-scoped pair of hosts, shared by the tests in order: check mode on the fresh hosts, apply twice,
 every target up in Prometheus's HTTP API, the stand-in's and the GPU timer's metrics in Prometheus, a
-stopped instance and a 300 W power cap each firing their alert, the audit and its drift, a reboot of the
-monitoring host.
+stopped instance, a 300 W power cap and an Xid 79 line in the journal each firing their alert, the audit and
+its drift, a reboot of the monitoring host.
 """
 
 from __future__ import annotations
@@ -28,12 +28,9 @@ from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.integration.conftest import audit_failures, check_then_apply_twice
 from tests.lab.haproxy import repo_hosts
-from tests.lab.monitoring import monitoring_repo
-from tests.lab.specs import MODEL, fake_gpu_uuid, host_entry, instance_entry
+from tests.lab.monitoring import PROMETHEUS_PORT, monitoring_repo, monitoring_spec, stream_completion
+from tests.lab.specs import MODEL, fake_gpu_uuid
 
-PROMETHEUS_PORT = 9090
-MONITORING = {"scrape_interval": "2s", "gpu_metrics_interval": "2s",
-              "alerts": {"down_for": "4s", "pending_for": "4s", "rate_window": "30s"}}
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +46,8 @@ def spec_path(hosts, tmp_path_factory):
     # a wheelhouse of this module's own: the shared cache's stand-in wheel is rebuilt by every lab that starts,
     # from its own checkout (another checkout's stand-in may have no /metrics)
     wheelhouse = build_standin_wheel("0.25.0", folder / "standin-wheelhouse").parent
-    data = {
-        "version": 1,
-        "hosts": [host_entry(one, wheelhouse), host_entry(two, wheelhouse)],
-        "instances": [instance_entry(one, "qwen-a", 8000, slo={"ttft_p99_ms": 200}, env={"STANDIN_TTFT_MS": "300"}),
-                      instance_entry(two, "qwen-b", 8000)],
-        "monitoring": {"host": one.name, **MONITORING},
-    }
     path = folder / "spec.yml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.safe_dump(monitoring_spec(one, two, wheelhouse), sort_keys=False))
     return path
 
 
@@ -183,14 +173,13 @@ def test_prometheus_scrapes_every_target_of_the_spec(hosts, runs, spec_path):
     limits = values(hosts, "nvsmi_power_limit_watts")
     assert {labels[3][1]: value for labels, value in limits.items()} == {one.name: 400.0, two.name: 400.0}
     assert values(hosts, "nvsmi_up") == {(("host", h.name), ("instance", h.name), ("job", "node")): 1.0 for h in hosts}
+    # journalctl answers the timer, in its unit's sandbox (the Xid counters' source)
+    assert values(hosts, "nvsmi_kernel_log_up") == {(("host", h.name), ("instance", h.name), ("job", "node")): 1.0
+                                                    for h in hosts}
 
 
 def stream(host, tokens: int) -> None:
-    body = json.dumps({"model": MODEL, "prompt": "one two three", "max_tokens": tokens, "stream": True}).encode()
-    request = urllib.request.Request(f"http://{host.address}:8000/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        answer.read()
+    stream_completion(host.address, tokens, timeout=30)
 
 
 def test_the_stand_in_s_metrics_and_a_missed_slo_reach_prometheus(hosts, runs):
@@ -265,25 +254,64 @@ def test_a_300_w_power_cap_fires_gpu_power_limit_below_target(hosts, runs, spec_
     assert wait_for(lambda: firing(hosts, "GpuPowerLimitBelowTarget") == [], timeout=60)
 
 
+GPU_TIMER_UNIT = "/etc/systemd/system/nvsmi-textfile.timer"
+XID_79 = "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+# the GPU timer's test seam (roles/node_exporter/files/nvsmi-textfile): its journal match, for a line logger wrote
+XID_SEAM = "/etc/systemd/system/nvsmi-textfile.service.d/lab-xid-seam.conf"
+
+
+def test_an_xid_79_in_the_journal_fires_gpu_xid_needs_action(hosts, runs):
+    """The containers have no kernel log of their own: the Xid line goes into host two's journal with `logger -t
+    kernel`, which `journalctl -k` does not read (it is _TRANSPORT=syslog), so the timer reads it through its test
+    seam (SYSLOG_IDENTIFIER=kernel, which the kernel's own lines have too). Its labels: the GPU's, joined from the
+    TEST DOUBLE's pci.bus_id (00000000:01:00.0)."""
+    _, two = hosts
+    assert firing(hosts, "GpuXidNeedsAction") == []
+    two.ssh(f"mkdir -p {XID_SEAM.rsplit('/', 1)[0]} && printf '[Service]\\nEnvironment="
+            f"NVSMI_TEXTFILE_KERNEL_MATCH=SYSLOG_IDENTIFIER=kernel\\n' > {XID_SEAM} && systemctl daemon-reload")
+    try:
+        two.ssh(f"logger -t kernel -p kern.err '{XID_79}'")
+        assert two.ssh("journalctl -k -b 0 -o cat | grep -c 'NVRM: Xid'", check=False).stdout.strip() == "0"
+        assert wait_for(lambda: firing(hosts, "GpuXidNeedsAction"), timeout=60) == [{
+            "alertname": "GpuXidNeedsAction", "severity": "critical", "job": "node", "host": two.name,
+            "instance": two.name, "gpu": "0", "gpu_uuid": fake_gpu_uuid(two), "gpu_name": "NVIDIA GeForce RTX 3090",
+            "pci_bus_id": "0000:01:00", "xid": "79"}]
+        assert values(hosts, f'nvsmi_xid_errors_total{{host="{two.name}"}}') == {
+            (("gpu", "0"), ("gpu_name", "NVIDIA GeForce RTX 3090"), ("gpu_uuid", fake_gpu_uuid(two)),
+             ("host", two.name), ("instance", two.name), ("job", "node"), ("pci_bus_id", "0000:01:00"),
+             ("xid", "79")): 1.0}
+    finally:  # the seam gone and the counts since boot forgotten: the series goes, the alert clears
+        two.ssh(f"systemctl stop nvsmi-textfile.timer nvsmi-textfile.service; rm -f {XID_SEAM} "
+                "/var/lib/nvsmi-textfile/xid.json; systemctl daemon-reload; systemctl start nvsmi-textfile.timer")
+    assert wait_for(lambda: firing(hosts, "GpuXidNeedsAction") == [], timeout=60)
+
+
 def test_the_audit_passes_then_names_a_stopped_exporter(hosts, runs, spec_path):
     one, two = hosts
     assert audit_failures(spec_path) == {one.name: {}, two.name: {}}
     two.ssh("systemctl stop prometheus-node-exporter.service")
+    # and a rendered file drifted (systemd reads the timer again only at a daemon-reload: harmless meanwhile)
+    two.ssh(f"echo '# local change' >> {GPU_TIMER_UNIT}")
     try:
         assert wait_for(lambda: targets_up(hosts)[("node", two.name)] == "down", timeout=30)
         drifted = audit_failures(spec_path)
         assert drifted[two.name] == {
             "node_exporter: answers": ("answers on http://127.0.0.1:9100/metrics", "[Errno 111] Connection refused"),
-            "node_exporter: GPU metrics": ("nvsmi_up 1, at most 16 s old", "[Errno 111] Connection refused")}
+            "node_exporter: GPU metrics": ("nvsmi_up 1, at most 16 s old", "[Errno 111] Connection refused"),
+            f"file {GPU_TIMER_UNIT}": ("as rendered (11 lines, root:root 0644)",
+                                       "line 12: '# local change' added (root:root 0644)")}
         assert list(drifted[one.name]) == [f"prometheus: node/{two.name} up"]
         expected, actual = drifted[one.name][f"prometheus: node/{two.name} up"]
         assert expected == "up"
         assert actual.startswith(f'down: Get "http://{two.address}:9100/metrics": dial tcp {two.address}:9100: connect: '
                                  "connection refused"), actual
-    finally:  # role node_exporter starts it again
-        repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("node_exporter",)))
+    finally:  # role node_exporter starts it again, and writes the timer again
+        events: list = []
+        repaired = apply_spec(load_spec(spec_path), hosts=[two.name], controls=Controls(tags=("node_exporter",)),
+                              on_result=events.append)
     assert repaired.succeeded, repaired.problems
-    assert repaired.changed == 1
+    assert monitoring_changes(events, two) == ["Write the GPU metrics timer", "Enable and start the exporter",
+                                               "Restart the GPU metrics timer"]
     assert wait_for(lambda: targets_up(hosts)[("node", two.name)] == "up", timeout=30)
     assert audit_failures(spec_path) == {one.name: {}, two.name: {}}
 

@@ -40,7 +40,7 @@ def exported(tmp_path_factory) -> Path:
 def test_the_exported_configuration_passes_promtool_check_config(exported):
     checked = promtool("check", "config", "prometheus.yml", cwd=exported)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 12 rules found" in checked.stdout
+    assert "SUCCESS: 13 rules found" in checked.stdout
 
 
 def test_the_alert_rules_pass_their_promtool_tests(exported):
@@ -55,7 +55,7 @@ def test_every_alert_has_a_test_that_sees_it_fire():
     assert sorted(fired) == sorted(monitoring.alert_names(load_spec(SPEC)))
     assert monitoring.alert_names(load_spec(SPEC)) == [
         "VllmInstanceDown", "VllmKvCacheHigh", "VllmRequestsQueueing", "VllmTtftOverSlo", "VllmItlOverSlo",
-        "GpuPowerLimitBelowTarget", "GpuMemorySharesExceeded", "GpuThrottled", "GpuMetricsFailing",
+        "GpuPowerLimitBelowTarget", "GpuMemorySharesExceeded", "GpuThrottled", "GpuMetricsFailing", "GpuXidNeedsAction",
         "NodeExporterDown", "HostSwappingWhileVllmRuns"]
 
 
@@ -180,3 +180,24 @@ def test_provision_plan_shows_the_files_the_monitoring_roles_write():
     assert mon[5].content.splitlines()[-1] == ('ARGS="--config.file=/etc/prometheus/prometheus.yml '
                                                '--web.listen-address=:9090 --storage.tsdb.retention.time=15d"')
     assert build_plan(validate_spec(spec_data()))[0].monitoring_files == []
+
+
+def test_the_audit_compares_every_file_the_monitoring_roles_write():
+    """`file PATH` rows for the files `provision plan` shows (and the GPU timer's script), with the roles' owners
+    and modes: drift in any of them is a failed row with its first differing line."""
+    from provisioner.audit.expectations import spec_targets
+    from provisioner.paths import role_dir
+
+    spec = load_spec(SPEC)
+    plans = {plan.host: plan for plan in build_plan(spec)}
+    for target in spec_targets(spec):
+        monitored = [file for file in target.expected["managed_files"] if file["role"] in ("node_exporter", "prometheus")]
+        planned = plans[target.name].monitoring_files
+        script = [file for file in monitored if file["path"] == "/usr/local/lib/vllm-provision/nvsmi-textfile"]
+        assert [(file["path"], file["mode"], file["role"], file["content"]) for file in monitored if file not in script] \
+            == [(file.path, file.mode, file.role, file.content) for file in planned]
+        assert {file["owner"] for file in monitored} == {"root:root"}
+        assert [monitored.index(file) for file in script] == ([1] if target.name == "gpu1" else [])
+        for file in script:
+            assert (file["mode"], file["content"]) == (
+                "0755", (role_dir("node_exporter") / "files" / "nvsmi-textfile").read_text())

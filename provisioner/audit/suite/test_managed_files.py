@@ -4,7 +4,9 @@ Spec mode. The files (provisioner/audit/expectations.py `managed_files`), each w
 mode from the role's own task: the nvidia_gpu role's boot script, settings file and boot unit (where the spec
 lists GPU devices); vllm_service's readiness probe and flag check (every host); each instance's unit — a venv
 instance's unit less the [Service] lines that rows of their own read as systemd runs them (`UNIT: SETTING`,
-`UNIT: ExecStart`, `UNIT: Environment NAME`) —, its quadlet or compose file and the compose file's boot unit.
+`UNIT: ExecStart`, `UNIT: Environment NAME`) —, its quadlet or compose file and the compose file's boot unit; where the spec has `monitoring:`, role
+node_exporter's arguments file, the GPU timer's script and units, and on the monitoring host role prometheus's
+configuration (prometheus.yml, its rules and targets files) and arguments file.
 Left to rows of their own, so that one drift fails one row: the sysctl file (`sysctl at boot: KEY`), the
 nouveau files (`nouveau file: PATH`), the env files (`UNIT: EnvironmentFile mode`, `owner`, `content`: they hold
 the API key, compared by sha256, never shown) and the `vllm serve --config` files (`UNIT: config file PATH`).
