@@ -67,23 +67,24 @@ def request(port: int, method: str, path: str, body: dict | None = None, timeout
         connection.close()
 
 
-def ready(port: int, process: subprocess.Popen, started: float, limit_s: float = 400) -> dict:
-    """As our readiness probe: /health 200, then one 1-token completion. Seconds since the start of each."""
+def ready(port: int, process: subprocess.Popen, started: float, limit_s: float = 400, poll_s: float = 0.5) -> dict:
+    """As our readiness probe: /health 200, then one 1-token completion, polled every poll_s. Seconds
+    since the start of each."""
     marks: dict = {}
     while time.monotonic() - started < limit_s:
         if process.poll() is not None:
             raise RuntimeError(f"server on {port} exited {process.returncode}")
         try:
             if "health_s" not in marks and request(port, "GET", "/health", timeout=2)[0] == 200:
-                marks["health_s"] = round(time.monotonic() - started, 1)
+                marks["health_s"] = round(time.monotonic() - started, 2)
             if "health_s" in marks:
                 status, _ = request(port, "POST", "/v1/completions", {"model": "m", "prompt": "ping", "max_tokens": 1})
                 if status == 200:
-                    marks["ready_s"] = round(time.monotonic() - started, 1)
+                    marks["ready_s"] = round(time.monotonic() - started, 2)
                     return marks
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise RuntimeError(f"server on {port} not ready after {limit_s} s")
 
 

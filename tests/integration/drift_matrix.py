@@ -186,7 +186,7 @@ DRIFTS: list[Drift] = [
           "sets the mode back, re-applies the settings through the boot unit", tags=("nvidia_gpu",)),
     Drift("unit's description edited (a line no setting row reads)",
           f"sed -i 's/^Description=.*/Description=my chat server/' {UNIT_FILE} && systemctl daemon-reload",
-          {f"file {UNIT_FILE}": ("as rendered (48 lines, root:root 0644)",
+          {f"file {UNIT_FILE}": ("as rendered (51 lines, root:root 0644)",
                                  "line 3: 'Description=my chat server' instead of "
                                  "'Description=vLLM chat: Qwen/Qwen3-1.7B on port 8000' (root:root 0644)")},
           "rewrites the unit, restarts it", tags=("vllm_service",)),

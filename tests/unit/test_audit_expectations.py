@@ -68,7 +68,8 @@ def test_unit_expectations_are_the_rendered_unit_as_systemctl_show_reports_it(se
                                    "HF_HOME": "/var/lib/vllm/hf",
                                    "VLLM_CACHE_ROOT": "/var/lib/vllm/cache/0.25.0/vllm",
                                    "TORCHINDUCTOR_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/inductor",
-                                   "TRITON_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/triton"}
+                                   "TRITON_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/triton",
+                                   "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     assert unit["command_line"] == "/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/qwen7b.yaml"
     # where it listens and what it serves: read from the rendered config file
     assert (unit["listen"], unit["url"], unit["served_names"]) == (
@@ -235,7 +236,8 @@ def test_managed_files_are_the_roles_files_that_no_other_row_checks(seed1):
     assert {"User", "Restart", "ExecStart", "TimeoutStartSec"} <= set(unit["skip"]["keys"])
     assert not {"EnvironmentFile", "ExecStartPost", "Environment"} & set(unit["skip"]["keys"])
     assert unit["skip"]["environment"] == ["CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HOME",
-                                           "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]
+                                           "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT",
+                                           "VLLM_WORKER_MULTIPROC_METHOD"]
     settings = files["/etc/vllm-provision/nvidia-gpu-limits.conf"]
     assert settings["content"] is None  # rendered by the suite from the GPUs it reads
     assert settings["render"]["devices"] == [{"index": 0, "uuid": SEED1_UUID, "model": "NVIDIA GeForce RTX 3090",

@@ -119,6 +119,7 @@ def test_environment_combines_unit_and_env_file(seed1):
         "VLLM_CACHE_ROOT": "/var/lib/vllm/cache/0.25.0/vllm",
         "TORCHINDUCTOR_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/inductor",
         "TRITON_CACHE_DIR": "/var/lib/vllm/cache/0.25.0/triton",
+        "VLLM_WORKER_MULTIPROC_METHOD": "fork",
         "VLLM_API_KEY": seed1.units[0].environment["VLLM_API_KEY"],
     }
     assert seed1.units[0].environment["VLLM_API_KEY"].startswith("<redacted: ")
