@@ -29,7 +29,7 @@ def node(tmp_path: Path, rank: int, nnodes: int, master_port: int, http_port: in
         [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", "127.0.0.1",
          "--port", str(http_port), *options],
         env={**os.environ, "PYTHONPATH": str(STANDIN_PACKAGE), "VLLM_STANDIN_CATALOG": str(CATALOG),
-             "STANDIN_RENDEZVOUS_RETRY_S": "0.1"},
+             "STANDIN_RENDEZVOUS_RETRY_S": "0.1", "STANDIN_RENDEZVOUS_HELLO_S": "0.5"},
         stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -89,6 +89,17 @@ def test_the_leader_serves_only_once_its_follower_joined(tmp_path, ports, nodes)
     assert complete(http) == "length"
     assert "node rank 1 joined" in log_of(tmp_path, 0)
     assert "joined the group of 2" in log_of(tmp_path, 1)
+
+
+def test_an_idle_group_stays_together(tmp_path, ports, nodes):
+    """Longer than a registration may take (STANDIN_RENDEZVOUS_HELLO_S): a joined node is watched without a timeout."""
+    master, http = ports
+    nodes.append(leader := node(tmp_path, 0, 2, master, http))
+    nodes.append(follower := node(tmp_path, 1, 2, master, http + 1))
+    assert wait_listening(http)
+    time.sleep(1.5)
+    assert leader.poll() is None and follower.poll() is None, log_of(tmp_path, 0)
+    assert complete(http) == "length"
 
 
 def test_a_follower_started_first_waits_for_its_leader(tmp_path, ports, nodes):

@@ -83,7 +83,7 @@ def lead(nnodes, port, identity, stop):
             connection, address = server.accept()
         except TimeoutError:
             continue
-        connection.settimeout(30)
+        connection.settimeout(float(os.environ.get("STANDIN_RENDEZVOUS_HELLO_S", "30")))  # its registration
         try:
             hello = json.loads(connection.makefile().readline())
         except (ValueError, OSError):  # no registration (a port probe): not a node
@@ -94,6 +94,7 @@ def lead(nnodes, port, identity, stop):
         if problem:
             send(connection, {"ok": False, "error": problem})
             fail(f"refused {peer}: {problem}")
+        connection.settimeout(None)  # joined: watched from here on, however long the group stays idle
         joined[hello["rank"]] = connection
         say(f"node rank {hello['rank']} joined from {peer} ({len(joined) + 1} of {nnodes})")
     for connection in joined.values():
