@@ -3,9 +3,14 @@ fix), and what each node runs: its flags, environment and unit on its own host."
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
+from provisioner.inventory import build_inventory, host_units
 from provisioner.plan import build_plan
+from provisioner.rollout import Rollout
 from provisioner.spec import validate_spec
 from tests.unit.conftest import host, instance, problems_of, spec_data
 
@@ -167,3 +172,31 @@ def test_the_planner_warns_where_tensor_parallel_crosses_hosts():
 
 def test_pipeline_stages_across_hosts_are_not_warned_about():
     assert [plan.warnings for plan in build_plan(validate_spec(group_spec()))] == [[], []]
+
+
+# ------------------------------------------------------------------ rolling changes: a group is one unit
+
+
+def test_the_inventory_lists_a_groups_hosts_together_and_a_rollout_batches_them_whole():
+    hosts = [gpu_host("gpu-a", "10.0.0.1", UUID_A), gpu_host("gpu-x", "10.0.0.9", UUID_C),
+             gpu_host("gpu-b", "10.0.0.2", UUID_B)]
+    spec = validate_spec(group_spec(hosts=hosts))
+    assert host_units(spec) == [["gpu-a", "gpu-b"], ["gpu-x"]]
+    assert list(build_inventory(spec)["hosts.yml"]["all"]["children"]["vllm_hosts"]["hosts"]) == \
+        ["gpu-a", "gpu-b", "gpu-x"]
+    assert host_units(spec, ["gpu-x", "gpu-b"]) == [["gpu-x"], ["gpu-b"]]
+
+
+@pytest.mark.parametrize(("units", "rollout", "batches"), [
+    ((2, 1), Rollout(), [2, 1]),  # the canary grows to the group's two hosts
+    ((1, 2, 1, 1), Rollout(batch="2"), [1, 2, 2]),
+    ((1, 3, 1), Rollout(batch="2"), [1, 3, 1]),  # a batch grows to the end of the group it would cut
+    ((1, 1, 2), Rollout(batch="50%", canary=2), [2, 2]),
+    ((1, 1, 1), Rollout(batch="2"), [1, 2]),  # no group: N and N% as Ansible reads them
+])
+def test_a_rollout_keeps_each_group_in_one_batch(units, rollout, batches):
+    rolled = dataclasses.replace(rollout, units=units)
+    expected = batches if any(size > 1 for size in units) else [rollout.canary, int(rollout.batch)]
+    assert json.loads(rolled.extra_vars())["rollout_batches"] == expected
+    if any(size > 1 for size in units):
+        assert sum(batches) == sum(units)
