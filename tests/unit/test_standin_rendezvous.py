@@ -76,6 +76,16 @@ def nodes():
         stop(process)
 
 
+@pytest.fixture
+def group(tmp_path, ports, nodes) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """A leader and its follower on 127.0.0.1, once the leader serves."""
+    master, http = ports
+    nodes.append(leader := node(tmp_path, 0, 2, master, http))
+    nodes.append(follower := node(tmp_path, 1, 2, master, http + 1))
+    assert wait_listening(http), log_of(tmp_path, 0)
+    return leader, follower
+
+
 def test_the_leader_serves_only_once_its_follower_joined(tmp_path, ports, nodes):
     master, http = ports
     nodes.append(leader := node(tmp_path, 0, 2, master, http))
@@ -91,12 +101,9 @@ def test_the_leader_serves_only_once_its_follower_joined(tmp_path, ports, nodes)
     assert "joined the group of 2" in log_of(tmp_path, 1)
 
 
-def test_an_idle_group_stays_together(tmp_path, ports, nodes):
+def test_an_idle_group_stays_together(tmp_path, ports, group):
     """Longer than a registration may take (STANDIN_RENDEZVOUS_HELLO_S): a joined node is watched without a timeout."""
-    master, http = ports
-    nodes.append(leader := node(tmp_path, 0, 2, master, http))
-    nodes.append(follower := node(tmp_path, 1, 2, master, http + 1))
-    assert wait_listening(http)
+    (_, http), (leader, follower) = ports, group
     time.sleep(1.5)
     assert leader.poll() is None and follower.poll() is None, log_of(tmp_path, 0)
     assert complete(http) == "length"
@@ -159,21 +166,15 @@ def test_an_impossible_node_fails_at_start(tmp_path, ports, nodes, rank, nnodes,
     assert f"rendezvous: {says}" in log.read_text()
 
 
-def test_the_leader_ends_when_a_follower_dies(tmp_path, ports, nodes):
-    master, http = ports
-    nodes.append(leader := node(tmp_path, 0, 2, master, http))
-    nodes.append(follower := node(tmp_path, 1, 2, master, http + 1))
-    assert wait_listening(http)
+def test_the_leader_ends_when_a_follower_dies(tmp_path, group):
+    leader, follower = group
     stop(follower)  # SIGKILL: the follower's connection closes
     assert ended(leader) == 1
     assert "rendezvous: node rank 1 left the group" in log_of(tmp_path, 0)
 
 
-def test_a_follower_ends_when_its_leader_dies(tmp_path, ports, nodes):
-    master, http = ports
-    nodes.append(leader := node(tmp_path, 0, 2, master, http))
-    nodes.append(follower := node(tmp_path, 1, 2, master, http + 1))
-    assert wait_listening(http)
+def test_a_follower_ends_when_its_leader_dies(tmp_path, ports, group):
+    (master, _), (leader, follower) = ports, group
     stop(leader)
     assert ended(follower) == 1
     assert f"rendezvous: lost the leader at 127.0.0.1:{master}" in log_of(tmp_path, 1)
