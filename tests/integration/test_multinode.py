@@ -4,7 +4,8 @@ the API once the headless node rank 1 on the follower joined its rendezvous; a w
 both (tests/unit/test_standin_rendezvous.py).
 
 One module-scoped pair of hosts, shared by the tests in order: check mode on the fresh hosts, apply twice,
-the group serving, the audit (and a drifted follower), a node killed on each side and the group back together,
+the group serving, the audit (and a drifted follower, put back by a rolling apply that keeps the group in one
+batch), a node killed on each side and the group back together,
 a follower rebooted.
 """
 
@@ -16,9 +17,10 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner.apply import apply_spec
+from provisioner.apply import Controls, apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
+from provisioner.rollout import Rollout
 from provisioner.spec import load_spec
 from tests.integration.conftest import audit_failures, check_then_apply_twice, disk_state
 from tests.integration.test_gateway import wait_for
@@ -142,9 +144,11 @@ def test_the_audit_passes_on_both_nodes_then_names_a_drifted_follower(hosts, run
     assert drifted[leader.name] == {}
     assert drifted[follower.name] == {
         f"{UNIT}: config file {CONFIG}": ("as rendered (14 lines)", "line 13: 'node-rank: 2' instead of 'node-rank: 1'")}
-    # apply puts it back: the follower restarts, the leader loses it and restarts too, the group meets again
-    again = apply_spec(load_spec(spec_path))
+    # a rolling apply puts it back, the group's two hosts in one batch (the canary's, grown to hold the group):
+    # the follower restarts, the leader loses it and restarts too, the group meets again
+    again = apply_spec(load_spec(spec_path), controls=Controls(rollout=Rollout()))
     assert again.succeeded, again.problems
+    assert {name: turn.batch for name, turn in again.turns.items()} == {leader.name: 1, follower.name: 1}
     assert again.stats[follower.name].changed > 0 and again.stats[leader.name].changed == 0
     assert serves(leader)
     assert audit_failures(spec_path) == {leader.name: {}, follower.name: {}}
