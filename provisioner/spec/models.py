@@ -46,6 +46,8 @@ DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.9
 CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
 TOOLKIT_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$")  # a package version: 1.18.0-1
 DURATION_RE = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d)$")  # a Prometheus duration: 15s, 5m, 1h
+# NCCL_SOCKET_IFNAME's forms: interface names or prefixes, comma-separated, `^` excludes, `=` matches exactly
+IFNAME_RE = re.compile(r"^[=^]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -105,6 +107,10 @@ _check_toolkit_version = _matching(
 _check_digest = _matching(
     DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
 )
+
+_check_ifname = _matching(
+    IFNAME_RE, "ifname", "is not a network interface for NCCL — an interface name or prefix (e.g. eth1, ib0, "
+    "ens5f0), several comma-separated, ^ before them to exclude, = to match exactly")
 
 _check_duration = _matching(
     DURATION_RE, "duration", "is not a duration — a whole number and one unit of ms, s, m, h, d, as Prometheus "
@@ -191,6 +197,7 @@ DriverVersion = Annotated[str, AfterValidator(_check_driver_version), _schema_pa
 CudaVersion = Annotated[str, AfterValidator(_check_cuda), _schema_pattern(CUDA_RE)]
 ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit_version), _schema_pattern(TOOLKIT_VERSION_RE)]
 Duration = Annotated[str, AfterValidator(_check_duration), _schema_pattern(DURATION_RE)]
+Ifname = Annotated[str, AfterValidator(_check_ifname), _schema_pattern(IFNAME_RE)]
 
 
 class _Model(BaseModel):
@@ -428,7 +435,7 @@ class Slo(_Model):
 class Nccl(_Model):
     """How the nodes of a multi-node instance talk (NCCL and Gloo, vLLM's collectives): environment of every node."""
 
-    socket_ifname: str | None = Field(
+    socket_ifname: Ifname | None = Field(
         None, description="network interface NCCL and Gloo use between the nodes (NCCL_SOCKET_IFNAME, "
                           "GLOO_SOCKET_IFNAME), e.g. eth1; null: their own choice")
     p2p_disable: bool = Field(False, description="NCCL_P2P_DISABLE=1: no P2P between the GPUs of a node (PCIe "

@@ -34,6 +34,8 @@ def group_spec(*, followers: list[dict] | None = None, options: dict | None = No
 
 
 def test_a_valid_group_places_one_node_on_each_host():
+    assert validate_spec(group_spec(nccl={"socket_ifname": "^docker,lo"})).instances[0].serve_env[
+        "NCCL_SOCKET_IFNAME"] == "^docker,lo"
     spec = validate_spec(group_spec(nccl={"socket_ifname": "eth1", "ib_disable": True}))
     leader, = spec.instances_on("gpu-a")
     follower, = spec.instances_on("gpu-b")
@@ -103,6 +105,9 @@ PROBLEMS = [
      "instances[0].multinode.followers: needs at least 1 entry, got none"),
     ({"master_port": 0},
      "instances[0].multinode.master_port: must be at least 1, got 0 (int)"),
+    ({"nccl": {"socket_ifname": "eth1; rm"}},
+     "instances[0].multinode.nccl.socket_ifname: 'eth1; rm' is not a network interface for NCCL — an interface name "
+     "or prefix (e.g. eth1, ib0, ens5f0), several comma-separated, ^ before them to exclude, = to match exactly"),
     ({"nccl": {"p2p": True}},
      "instances[0].multinode.nccl.p2p: unknown key 'p2p' — allowed keys: socket_ifname, "
      "p2p_disable, ib_disable"),

@@ -166,6 +166,15 @@ def test_an_impossible_node_fails_at_start(tmp_path, ports, nodes, rank, nnodes,
     assert f"rendezvous: {says}" in log.read_text()
 
 
+def test_a_node_that_comes_after_the_group_formed_is_refused_and_the_group_goes_on(tmp_path, ports, group):
+    (master, http), (leader, _) = ports, group
+    late = node(tmp_path, 2, 3, master, http + 2)
+    assert ended(late) == 1
+    assert "refused node rank 2: the group is already complete" in log_of(tmp_path, 2)
+    assert leader.poll() is None
+    assert complete(http) == "length"
+
+
 def test_the_leader_ends_when_a_follower_dies(tmp_path, group):
     leader, follower = group
     stop(follower)  # SIGKILL: the follower's connection closes
