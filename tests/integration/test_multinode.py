@@ -63,6 +63,16 @@ def runs(hosts, spec_path):
     return record
 
 
+SERVICE_FILES = ["Create the service group", "Create the service user", "Create the home and the model cache",
+                 "Create the configuration and probe directories", "Install the readiness probe", "Install the flag check",
+                 "Write the env files", "Write the config files", "Write the units"]
+SAID_HOME = "Say the home and the model cache would be created (check mode)"
+SAID_START, SAID_ENABLE = ("Say which new instances would be started (check mode)",
+                           "Say which new instances would be enabled (check mode)")
+RESTARTED, STARTED = ("Restart the changed instances, in list order",
+                      "Enable and start the instances in the venv, in list order")
+
+
 def service_changes(events, host) -> list[str]:
     return [event.task for event in events if event.host == host.name and "vllm_service" in event.role
             and event.status == "changed"]
@@ -97,12 +107,12 @@ def test_check_mode_on_fresh_hosts_changes_nothing_and_predicts_the_run(hosts, r
     assert runs["check"].succeeded, runs["check"].problems
     assert runs["disk after check"] == runs["disk before"], "check mode changed files on the follower"
     assert runs["installed after check"] != 0, "check mode installed vLLM"
+    # each change of role vllm_service on each node (the leader's and the headless follower's alike), said
+    # beforehand by check mode, one for one
     for host in hosts:
-        check, first = service_changes(runs["events"]["check"], host), service_changes(runs["events"]["first"], host)
-        # each node's files and start, said beforehand; its unit started by the real run
-        assert "Write the units" in check and "Write the units" in first, (check, first)
-        assert "Say which new instances would be started (check mode)" in check, check
-        assert "Restart the changed instances, in list order" in first, first
+        assert service_changes(runs["events"]["check"], host) == [*SERVICE_FILES[:2], SAID_HOME, *SERVICE_FILES[3:],
+                                                                  SAID_START, SAID_ENABLE]
+        assert service_changes(runs["events"]["first"], host) == [*SERVICE_FILES, RESTARTED, STARTED]
 
 
 def test_apply_converges_then_changes_nothing(hosts, runs):
