@@ -7,6 +7,7 @@ we read as they come and turn into `TaskResult`s (live progress) and `HostStats`
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import json
@@ -28,7 +29,7 @@ from provisioner import paths
 from provisioner.selection import select_hosts
 from provisioner.ansible_config import ansible_environment, collections_paths, events_environment
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
-from provisioner.inventory import write_inventory
+from provisioner.inventory import host_units, write_inventory
 from provisioner.preflight import (
     DriverReader,
     check_preflight,
@@ -505,6 +506,9 @@ def apply_spec(
         with tempfile.TemporaryDirectory(prefix="provision-inventory-") as inventory_dir:
             write_inventory(spec, Path(inventory_dir))
             limit = None if len(allowed) == len(spec.hosts) else ",".join(allowed)
+            if controls.rollout is not None:  # a multi-node instance's hosts change in one batch
+                units = tuple(len(unit) for unit in host_units(spec, allowed))
+                controls = dataclasses.replace(controls, rollout=dataclasses.replace(controls.rollout, units=units))
             result = run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, controls=controls,
                                   on_result=on_result, on_output=on_output)
     refused_stats = {refusal.host: HostStats(unreachable=1) for refusal in refusals}

@@ -100,7 +100,8 @@ def _is_within(path: str, folder: str) -> bool:
 def hosts_group(spec: Spec, file_name: FileName = _as_is) -> dict[str, Any]:
     """The play's group: every host (with how to reach it) and, as its children, the spec's groups
     (a host's `groups:`), so `--limit rack_a` and group_vars/rack_a.yml work as Ansible users expect."""
-    group: dict[str, Any] = {"hosts": {host.name: connection_vars(host, file_name) for host in spec.hosts}}
+    ordered = [spec.host(name) for unit in host_units(spec) for name in unit]
+    group: dict[str, Any] = {"hosts": {host.name: connection_vars(host, file_name) for host in ordered}}
     children = groups_of(spec)
     gateway_hosts = [host.name for host in spec.hosts if spec.gateways_on(host.name)]
     if gateway_hosts:  # the hosts the site playbook's second play runs role gateway on
@@ -111,6 +112,24 @@ def hosts_group(spec: Spec, file_name: FileName = _as_is) -> dict[str, Any]:
         group["children"] = {name: {"hosts": {member: {} for member in members}}
                              for name, members in children.items()}
     return group
+
+
+def host_units(spec: Spec, names: list[str] | None = None) -> list[list[str]]:
+    """The hosts (of `names`, else all) that change together, in spec order: a multi-node instance's hosts are one
+    unit (with its other instances' hosts where they share one), placed where its first host is; every other
+    host is a unit of its own. The inventory lists the hosts so, and a rolling apply batches whole units."""
+    chosen = [host.name for host in spec.hosts if names is None or host.name in names]
+    unit_of = {name: {name} for name in chosen}
+    for instance in spec.instances:
+        members = [node.host for node in spec.nodes_of(instance) if node.host in unit_of]
+        merged = set().union(*(unit_of[name] for name in members)) if members else set()
+        for name in merged:
+            unit_of[name] = merged
+    units: list[list[str]] = []
+    for name in chosen:
+        if not any(name in unit for unit in units):
+            units.append([member for member in chosen if member in unit_of[name]])
+    return units
 
 
 def connection_vars(host: Host, file_name: FileName = _as_is) -> dict[str, Any]:

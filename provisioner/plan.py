@@ -13,7 +13,7 @@ from typing import Any
 
 from provisioner.addresses import is_loopback
 from provisioner.file_formats import compose_environment, env_file_environment, unit_environment
-from provisioner.gpu.topology import tensor_parallel_p2p_warnings
+from provisioner.gpu.topology import multinode_split_warnings, tensor_parallel_p2p_warnings
 from provisioner.memory_plan import GpuMemory, host_memory
 from provisioner.preflight import DriverCheck, driver_check, memory_problems
 from provisioner.roles import (
@@ -206,7 +206,7 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
     """Things that are valid but probably not what the user wants."""
     warnings = []
     for instance in instances:
-        if not is_loopback(instance.bind) and not instance.api_key_file:
+        if instance.node_rank == 0 and not is_loopback(instance.bind) and not instance.api_key_file:
             warnings.append(
                 f"{instance.name} listens on {instance.bind} without an API key: anyone who reaches "
                 f"port {instance.port} can use it — set api_key_file"
@@ -218,4 +218,5 @@ def host_warnings(host: Host, instances: list[Instance]) -> list[str]:
             "without persistence_mode"
         )
     warnings += tensor_parallel_p2p_warnings(host, instances)
+    warnings += multinode_split_warnings(instances)
     return warnings

@@ -24,6 +24,9 @@ class Rollout:
     batch: str = "1"
     max_fail: str = "0"
     canary: int = 1
+    # the hosts that change together, by size, in the inventory's order (a multi-node instance's hosts: one
+    # unit); none: each host its own
+    units: tuple[int, ...] = ()
 
     def problems(self) -> list[str]:
         """What is wrong with the options, each with its fix (none: usable)."""
@@ -41,10 +44,25 @@ class Rollout:
         return found
 
     def extra_vars(self) -> str:
-        """The site playbook's rollout variables, as one -e JSON value (Ansible's `serial` takes N or "N%")."""
+        """The site playbook's rollout variables, as one -e JSON value (Ansible's `serial` takes N or "N%", or a
+        list of batch sizes: with units of several hosts, each batch holds whole units)."""
         batch = self.batch if self.batch.endswith("%") else int(self.batch)
         max_fail = self.max_fail if self.max_fail.endswith("%") else int(self.max_fail)
-        return json.dumps({"rollout_batches": [self.canary, batch], "rollout_max_fail": max_fail})
+        batches = self.unit_batches() if any(size > 1 for size in self.units) else [self.canary, batch]
+        return json.dumps({"rollout_batches": batches, "rollout_max_fail": max_fail})
+
+    def unit_batches(self) -> list[int]:
+        """The batch sizes that keep each unit in one batch: the canary, then batches of `batch` hosts (N, or N%
+        of them as Ansible counts it, at least 1), each grown to the end of the unit it would cut."""
+        hosts = sum(self.units)
+        per_batch = max(1, hosts * int(self.batch[:-1]) // 100) if self.batch.endswith("%") else int(self.batch)
+        batches, taken, wanted = [], 0, self.canary
+        for size in self.units:
+            taken += size
+            if taken >= wanted:
+                batches.append(taken)
+                taken, wanted = 0, per_batch
+        return batches + ([taken] if taken else [])
 
 
 @dataclass

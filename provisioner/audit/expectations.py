@@ -227,7 +227,18 @@ def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: di
         "env_file": env_file_expectations(variables, planned, entry),
         "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
         **serving_expectations(argv, config),
+        "group": group_expectations(config),
     }
+
+
+def group_expectations(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A node of a multi-node instance, as its `vllm serve --config` file makes it (None: an instance on one
+    host): its rank of how many, where the leader's rendezvous is; a headless node serves no API."""
+    size = int(config.get("nnodes") or 1)
+    if size < 2:
+        return None
+    return {"rank": int(config.get("node-rank") or 0), "size": size, "master_addr": str(config["master-addr"]),
+            "master_port": int(config["master-port"]), "headless": bool(config.get("headless"))}
 
 
 def container_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: dict[str, Any]) -> dict[str, Any]:

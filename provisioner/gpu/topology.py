@@ -94,3 +94,23 @@ def _device_index(host: Any, ref: int | str) -> int | None:
 def _model(host: Any, index: int) -> str:
     device = next((device for device in host.gpus.devices if device.index == index), None)
     return (device.model or "") if device else ""
+
+
+def multinode_split_warnings(instances: list[Any]) -> list[str]:
+    """One warning per multi-node instance led from this host (node rank 0) whose split sends the most traffic
+    between hosts: tensor parallel exchanges activations at every layer, so a tensor-parallel group larger than a
+    node's GPUs runs its all-reduces over the network (vLLM's advice: tensor-parallel-size = GPUs per node,
+    pipeline-parallel-size = nodes); without InfiniBand (nccl.ib_disable) that network is TCP sockets."""
+    warnings = []
+    for instance in instances:
+        if getattr(instance, "multinode", None) is None or instance.node_rank != 0:
+            continue
+        size, per_node = _tensor_parallel_size(instance), len(instance.gpus)
+        nodes = len(instance.multinode.followers) + 1
+        if size > per_node:
+            over = "TCP sockets (nccl.ib_disable)" if instance.multinode.nccl.ib_disable else "the network"
+            warnings.append(
+                f"{instance.name}: tensor-parallel-size {size} spans {nodes} hosts of {per_node} GPU(s) each — its "
+                f"all-reduces at every layer go over {over} between hosts; set tensor-parallel-size {per_node} "
+                f"and pipeline-parallel-size {nodes} (only pipeline stages cross hosts)")
+    return warnings

@@ -19,7 +19,8 @@ from provisioner.spec.gateways import GATEWAY_GROUP
 from provisioner.spec.monitoring_checks import MONITORING_GROUP
 from provisioner.spec.messages import gpu_label, path_of
 from provisioner.spec.monitoring_checks import monitoring_problems
-from provisioner.spec.models import Host, Instance, is_int
+from provisioner.spec.models import GROUP_OPTIONS, Host, Instance, is_int
+from provisioner.spec.multinode_checks import multinode_problems
 from provisioner.spec.parts import SpecParts, keyed_problems, present
 from provisioner.spec.text_checks import text_problems
 from provisioner.spec.wording import fmt_number
@@ -59,6 +60,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     problems += _blank_model_problems(parts)
     problems += _power_limit_problems(parts)
     problems += _parallel_problems(parts)
+    problems += multinode_problems(parts)
     problems += text_problems(parts, check_files=check_files)
     problems += gateway_problems(parts, check_files=check_files)
     problems += monitoring_problems(parts)
@@ -256,12 +258,28 @@ def _instances_with_hosts(parts: SpecParts) -> Iterator[tuple[int, Instance, int
             yield index, instance, *hosts[instance.host]
 
 
+def _placements(parts: SpecParts) -> Iterator[tuple[int, str, Instance, list, int, Host]]:
+    """Each instance's GPUs on each of its hosts whose host is in the spec and passed pass 1: (instance index,
+    where its gpus are written, the instance, the GPUs, host index, host): an instance on its host, then a
+    multi-node instance's followers on theirs."""
+    hosts = {host.name: (index, host) for index, host in present(parts.hosts)}
+    for index, instance in present(parts.instances):
+        nodes = [(f"instances[{index}]", instance.host, instance.gpus)] + [
+            (f"instances[{index}].multinode.followers[{rank}]", follower.host, follower.gpus)
+            for rank, follower in enumerate(instance.multinode.followers if instance.multinode else [])]
+        seen = set()
+        for where, host_name, gpus in nodes:
+            if host_name in hosts and host_name not in seen:  # a host twice: multinode_problems says so
+                seen.add(host_name)
+                yield index, where, instance, gpus, *hosts[host_name]
+
+
 def _gpu_reference_problems(parts: SpecParts) -> list[Problem]:
     problems = []
-    for index, instance, host_index, host in _instances_with_hosts(parts):
+    for _, placed, _, gpus, host_index, host in _placements(parts):
         seen: set[str] = set()
-        for ref_index, ref in enumerate(instance.gpus):
-            where = f"instances[{index}].gpus[{ref_index}]"
+        for ref_index, ref in enumerate(gpus):
+            where = f"{placed}.gpus[{ref_index}]"
             problem = _gpu_reference_problem(where, ref, host, host_index)
             if problem:
                 problems.append(problem)
@@ -303,9 +321,9 @@ def _gpu_reference_problem(where: str, ref: int | str, host: Host, host_index: i
 def _share_problems(parts: SpecParts) -> list[Problem]:
     sharing: dict[tuple[str, str], list[tuple[int, Instance]]] = defaultdict(list)
     hosts: dict[str, Host] = {}
-    for index, instance, _, host in _instances_with_hosts(parts):
+    for index, _, instance, gpus, _, host in _placements(parts):
         hosts[host.name] = host
-        for label in dict.fromkeys(gpu_label(host, ref) for ref in instance.gpus):
+        for label in dict.fromkeys(gpu_label(host, ref) for ref in gpus):
             sharing[(host.name, label)].append((index, instance))
     problems = []
     for (host_name, label), users in sharing.items():
@@ -332,6 +350,7 @@ DEDICATED_OPTIONS = {
     "host": "bind",
     "gpu-memory-utilization": "gpu_memory_utilization",
     "api-key": "api_key_file",
+    **{option: "multinode" for option in GROUP_OPTIONS},  # the multi-node launcher's: each node's own
 }
 
 
@@ -430,8 +449,14 @@ PARALLEL_FACTORS = ("tensor-parallel-size", "pipeline-parallel-size", "prefill-c
 
 def _parallel_problems(parts: SpecParts) -> list[Problem]:
     problems = []
-    for index, instance, _, host in _instances_with_hosts(parts):
-        if len({gpu_label(host, ref) for ref in instance.gpus}) != len(instance.gpus):
+    placed: dict[int, list[tuple[list, Host]]] = defaultdict(list)
+    for index, _, instance, gpus, _, host in _placements(parts):
+        placed[index].append((gpus, host))
+    for index, instance in present(parts.instances):
+        nodes = placed[index]
+        if len(nodes) != 1 + len(instance.multinode.followers if instance.multinode else []):
+            continue  # a host not in the spec: _unknown_hosts and multinode_problems say so
+        if any(len({gpu_label(host, ref) for ref in gpus}) != len(gpus) for gpus, host in nodes):
             continue  # a GPU listed twice: _gpu_reference_problems says so
         options = {key.replace("_", "-"): value for key, value in instance.serve_options.items()}
         factors = {name: options[name] for name in PARALLEL_FACTORS if name in options}
@@ -441,7 +466,7 @@ def _parallel_problems(parts: SpecParts) -> list[Problem]:
             factors[data_parallel] = options[data_parallel]
         if not all(is_int(value) and value >= 1 for value in factors.values()):
             continue  # a value vLLM would not take: _flag_problems says so
-        used, listed = math.prod(factors.values()), len(instance.gpus)
+        used, listed = math.prod(factors.values()), sum(len(gpus) for gpus, _ in nodes)
         if used == listed:
             continue
         first = next(iter(factors), "tensor-parallel-size")
@@ -449,8 +474,11 @@ def _parallel_problems(parts: SpecParts) -> list[Problem]:
         product = " × ".join(f"{name} {value}" for name, value in factors.items()) or \
             "vLLM's default (tensor-parallel-size 1)"
         fix = f"make their product {listed}" if len(factors) > 1 else f"set {first}: {listed}"
-        problems.append(Problem(where, f"{product} makes vLLM use {_gpus(used)}, but the instance has {_gpus(listed)} "
-                                f"(gpus: {_literal_list(instance.gpus)}) — {fix}, or list {_gpus(used)} under gpus"))
+        has = f"{_gpus(listed)} (gpus: {_literal_list(instance.gpus)})" if len(nodes) == 1 else (
+            f"{_gpus(listed)} on {len(nodes)} hosts ("
+            + ", ".join(f"{_literal_list(gpus)} on {host.name}" for gpus, host in nodes) + ")")
+        problems.append(Problem(where, f"{product} makes vLLM use {_gpus(used)}, but the instance has {has} "
+                                f"— {fix}, or list {_gpus(used)} under gpus"))
     return problems
 
 

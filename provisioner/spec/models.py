@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -45,6 +46,8 @@ DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.9
 CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
 TOOLKIT_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$")  # a package version: 1.18.0-1
 DURATION_RE = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d)$")  # a Prometheus duration: 15s, 5m, 1h
+# NCCL_SOCKET_IFNAME's forms: interface names or prefixes, comma-separated, `^` excludes, `=` matches exactly
+IFNAME_RE = re.compile(r"^[=^]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")
 
 
 def _invalid(kind: str, message: str) -> PydanticCustomError:
@@ -104,6 +107,10 @@ _check_toolkit_version = _matching(
 _check_digest = _matching(
     DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
 )
+
+_check_ifname = _matching(
+    IFNAME_RE, "ifname", "is not a network interface for NCCL — an interface name or prefix (e.g. eth1, ib0, "
+    "ens5f0), several comma-separated, ^ before them to exclude, = to match exactly")
 
 _check_duration = _matching(
     DURATION_RE, "duration", "is not a duration — a whole number and one unit of ms, s, m, h, d, as Prometheus "
@@ -190,6 +197,7 @@ DriverVersion = Annotated[str, AfterValidator(_check_driver_version), _schema_pa
 CudaVersion = Annotated[str, AfterValidator(_check_cuda), _schema_pattern(CUDA_RE)]
 ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit_version), _schema_pattern(TOOLKIT_VERSION_RE)]
 Duration = Annotated[str, AfterValidator(_check_duration), _schema_pattern(DURATION_RE)]
+Ifname = Annotated[str, AfterValidator(_check_ifname), _schema_pattern(IFNAME_RE)]
 
 
 class _Model(BaseModel):
@@ -424,6 +432,44 @@ class Slo(_Model):
                                                               "null: no alert")
 
 
+class Nccl(_Model):
+    """How the nodes of a multi-node instance talk (NCCL and Gloo, vLLM's collectives): environment of every node."""
+
+    socket_ifname: Ifname | None = Field(
+        None, description="network interface NCCL and Gloo use between the nodes (NCCL_SOCKET_IFNAME, "
+                          "GLOO_SOCKET_IFNAME), e.g. eth1; null: their own choice")
+    p2p_disable: bool = Field(False, description="NCCL_P2P_DISABLE=1: no P2P between the GPUs of a node (PCIe "
+                                                 "paths where P2P hangs)")
+    ib_disable: bool = Field(False, description="NCCL_IB_DISABLE=1: no InfiniBand/RoCE between the nodes (TCP "
+                                                "sockets only)")
+
+
+class Follower(_Model):
+    """One more node of a multi-node instance: a host and the GPUs it gives (node ranks 1, 2, … in list order)."""
+
+    host: str = Field(description="name of the host (a hosts[].name); runs the unit vllm-<name> headless")
+    gpus: list[GpuRef] = Field(min_length=1, description="its GPUs: indexes into that host's gpus.devices, or "
+                                                         "UUIDs; as many as the leader's")
+
+
+class MultiNode(_Model):
+    """One model served across several hosts by vLLM's own multi-node launcher (--nnodes, --node-rank,
+    --master-addr, --master-port; --headless on the followers): the instance's host is node rank 0, which
+    serves the API; each follower runs headless and joins its rendezvous (docs/multinode.md)."""
+
+    followers: list[Follower] = Field(min_length=1, description="the other nodes, ranks 1, 2, … in list order")
+    master_addr: Address | None = Field(
+        None, description="--master-addr: where the followers reach the leader's rendezvous; null: the leader "
+                          "host's address")
+    master_port: int = Field(29501, ge=1, le=65535, description="--master-port: the rendezvous port on the leader "
+                                                                "(vLLM's default 29501)")
+    nccl: Nccl = Field(default_factory=Nccl, description="how the nodes talk: interface, P2P and InfiniBand switches")
+
+
+# the flags the multi-node launcher takes from an instance's multinode section (never from its options)
+GROUP_OPTIONS = ("nnodes", "node-rank", "master-addr", "master-port", "headless")
+
+
 class Instance(_Model):
     """One `vllm serve` process, run as the systemd unit vllm-<name>.service, or in a container."""
 
@@ -450,13 +496,43 @@ class Instance(_Model):
     )
     container: Container | None = Field(None, description="run in a container (podman or docker); null: the host's venv")
     slo: Slo | None = Field(None, description="latency objectives the alert rules watch (monitoring:); null: none")
+    multinode: MultiNode | None = Field(
+        None, description="serve the model across several hosts (vLLM's multi-node launcher): host and gpus are "
+                          "node rank 0, which serves the API; null: one host")
+
+    _node_rank: int = PrivateAttr(default=0)  # which node of a multi-node instance this is (Spec.instances_on)
+    _master_addr: str | None = PrivateAttr(default=None)  # multinode.master_addr, else the leader host's address
+
+    @property
+    def node_rank(self) -> int:
+        """0: the instance as the spec writes it (a multi-node instance's leader); n: its follower n's node."""
+        return self._node_rank
+
+    @property
+    def group_options(self) -> dict[str, Any]:
+        """The multi-node launcher's flags of this node ({} for an instance on one host)."""
+        if self.multinode is None:
+            return {}
+        group = {"nnodes": len(self.multinode.followers) + 1, "node-rank": self._node_rank,
+                 "master-addr": self.multinode.master_addr or self._master_addr,
+                 "master-port": self.multinode.master_port}
+        return {**group, "headless": True} if self._node_rank > 0 else group
 
     @property
     def serve_options(self) -> dict[str, Any]:
-        """The `vllm serve` flags the instance runs with: its profile's, overridden by its own options."""
+        """The `vllm serve` flags the instance runs with: its profile's, overridden by its own options, and the
+        multi-node launcher's (its multinode section)."""
         own = {key.replace("_", "-"): value for key, value in self.options.items()}
         return {**{key: value for key, value in profile_options(self.profile).items() if key not in own},
-                **self.options}
+                **self.options, **self.group_options}
+
+    def node(self, rank: int, master_addr: str) -> Instance:
+        """Node `rank` of a multi-node instance (0: the leader, on the instance's host; n: follower n, on its
+        host with its GPUs), the rendezvous address resolved."""
+        follower = self.multinode.followers[rank - 1] if self.multinode and rank > 0 else None
+        node = self.model_copy(update={"host": follower.host, "gpus": follower.gpus} if follower else {})
+        node._node_rank, node._master_addr = rank, master_addr
+        return node
 
     @property
     def served_names(self) -> list[str]:
@@ -467,8 +543,22 @@ class Instance(_Model):
 
     @property
     def serve_env(self) -> dict[str, str]:
-        """The environment the instance runs with: its profile's, overridden by its own env."""
-        return {**profile_env(self.profile), **self.env}
+        """The environment the instance runs with: its profile's, overridden by its own env, and the NCCL
+        settings of its multinode section."""
+        return {**profile_env(self.profile), **self.env, **nccl_env(self.multinode.nccl if self.multinode else None)}
+
+
+def nccl_env(nccl: Nccl | None) -> dict[str, str]:
+    """The environment a multinode section's nccl settings make (Gloo carries vLLM's CPU-side group)."""
+    if nccl is None:
+        return {}
+    env = {"NCCL_SOCKET_IFNAME": nccl.socket_ifname, "GLOO_SOCKET_IFNAME": nccl.socket_ifname} \
+        if nccl.socket_ifname else {}
+    if nccl.p2p_disable:
+        env["NCCL_P2P_DISABLE"] = "1"
+    if nccl.ib_disable:
+        env["NCCL_IB_DISABLE"] = "1"
+    return env
 
 
 class Gateway(_Model):
@@ -537,6 +627,14 @@ class Spec(_Model):
 
     _source_path: Path | None = PrivateAttr(default=None)
 
+    @model_validator(mode="after")
+    def _resolve_rendezvous(self) -> Spec:
+        """A multi-node instance's rendezvous address, where its multinode section leaves it to the leader's host."""
+        for instance in self.instances:
+            if instance.multinode is not None:
+                instance._master_addr = self.nodes_of(instance)[0]._master_addr
+        return self
+
     @property
     def source_path(self) -> Path | None:
         """The file the spec was loaded from (None when built in code)."""
@@ -546,7 +644,17 @@ class Spec(_Model):
         return next((host for host in self.hosts if host.name == name), None)
 
     def instances_on(self, host_name: str) -> list[Instance]:
-        return [instance for instance in self.instances if instance.host == host_name]
+        """The instances that run a unit on the host: its own, and the node it runs of a multi-node instance."""
+        return [node for instance in self.instances for node in self.nodes_of(instance) if node.host == host_name]
+
+    def nodes_of(self, instance: Instance) -> list[Instance]:
+        """The nodes of an instance, by rank: itself alone on one host; a multi-node instance's leader, then its
+        followers (each with its rendezvous address resolved)."""
+        if instance.multinode is None:
+            return [instance]
+        leader = self.host(instance.host)
+        master_addr = instance.multinode.master_addr or (leader.address if leader else instance.host)
+        return [instance.node(rank, master_addr) for rank in range(len(instance.multinode.followers) + 1)]
 
     def gateways_on(self, host_name: str) -> list[Gateway]:
         return [gateway for gateway in self.gateways if gateway.host == host_name]

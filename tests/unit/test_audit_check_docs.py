@@ -117,6 +117,14 @@ def monitoring_spec() -> dict:
     return {**spec_data(), "monitoring": {"host": "ws4070"}}
 
 
+def multinode_spec() -> dict:
+    """One instance across two hosts (the nodes' group row)."""
+    return spec_data(hosts=[host("ws4070"), host("ws4071", "192.0.2.21", gpus={"devices": [
+        {"index": 0, "uuid": UUID1, "model": "NVIDIA GeForce RTX 4070"}]})], instances=[
+        instance("big", 8000, 0.5, options={"pipeline-parallel-size": 2},
+                 multinode={"followers": [{"host": "ws4071", "gpus": [0]}]})])
+
+
 def managed_driver_spec() -> dict:
     """A driver the roles install (role nvidia_driver's checks)."""
     return spec_data(hosts=[host(driver={"source": "nvidia", "branch": "580"})])
@@ -150,7 +158,7 @@ def samples() -> dict[str, list[dict]]:
     specs = [load_spec(path) for path in sorted(EXAMPLES_DIR.glob("*.yml"))]
     specs += [validate_spec(data, check_files=False) for data in (containers_spec(), no_nouveau_blacklist_spec(),
                                                                          gateway_spec(), managed_driver_spec(),
-                                                                         monitoring_spec())]
+                                                                         monitoring_spec(), multinode_spec())]
     return {
         "spec": [target.expected for spec in specs for target in spec_targets(spec)],
         "profile": [profile_expectations(load_profile("recommended"), DISCOVERED)],

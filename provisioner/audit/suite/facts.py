@@ -121,6 +121,8 @@ class HostFacts:
     shm_bytes: int | None
     page_size: int
     listening: set[str]
+    # (local address, peer address) of each established TCP connection; read where a unit is a multi-node node
+    established: list[tuple[str, str]] = field(default_factory=list)
     units: dict[str, UnitFacts] = field(default_factory=dict)
     containers: dict[str, ContainerFacts] = field(default_factory=dict)
     gpu: GpuFacts | None = None  # read when GPUs are expected
@@ -185,6 +187,8 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
         "page_size": "getconf PAGESIZE",
         "listening": "ss -Hltn",
     }
+    if any(unit.get("group") for unit in expected["units"]):  # the nodes of multi-node instances: their connections
+        commands["established"] = "ss -Htn state established"
     for index, key in enumerate(sysctl["settings"]):
         commands[f"live{index}"] = f"cat {shlex.quote(proc_sys_path(key))}"
     for index, path in enumerate(nouveau_files(nouveau)):
@@ -262,12 +266,14 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
             f" | grep -E {shlex.quote(f'^({variables})=')}"
         ),
     }
-    commands[f"http{index}"] = http_probe_command(name, unit["url"])
+    headless = bool((unit.get("group") or {}).get("headless"))  # a follower node: no API to ask
+    if not headless:
+        commands[f"http{index}"] = http_probe_command(name, unit["url"])
     # each drop-in systemd applies: its path, then its content in base64 (one line: no framing to escape)
     commands[f"dropins{index}"] = (
         f"for file in $(systemctl show {name} -p DropInPaths --value); do echo \"$file\"; base64 -w0 \"$file\" 2>/dev/null; echo; done")
     # one real request through the same probe the unit runs before it turns active
-    commands[f"ready{index}"] = (
+    commands[f"ready{index}"] = "true" if headless else (
         f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
         f" --model {shlex.quote(unit['served_names'][0])} --timeout {PROBE_TIMEOUT_S} --once --key-from-unit {name}")
     if unit.get("env_file"):
@@ -341,6 +347,7 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         shm_bytes=int(out["shm"].text) if out["shm"].rc == 0 and out["shm"].text.strip().isdigit() else None,
         page_size=int(out["page_size"].text),
         listening={line.split()[3] for line in out["listening"].text.splitlines() if len(line.split()) > 3},
+        established=connections(out["established"]) if "established" in out else [],
     )
     for index, unit in enumerate(expected["units"]):
         facts.units[unit["name"]] = parse_unit(index, out)
@@ -365,6 +372,17 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
     for index, managed in enumerate(expected.get("managed_files", [])):
         facts.managed_files[managed["path"]] = managed_file(out[f"managed{index}"])
     return facts
+
+
+def connections(out: Output) -> list[tuple[str, str]]:
+    """(local, peer) of `ss -Htn state established`'s lines (a State column first, where ss shows one)."""
+    found = []
+    for line in out.text.splitlines():
+        words = line.split()
+        words = words[1:] if words and words[0].isalpha() else words
+        if len(words) > 3:
+            found.append((words[2], words[3]))
+    return found
 
 
 def parse_driver_install(facts: HostFacts, out: dict[str, Output]) -> None:
@@ -431,7 +449,8 @@ def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
     environment.update(line.split("=", 1) for line in out[f"unit_env{index}"].text.splitlines() if "=" in line)
     stat, sha256 = env_file_stat(out.get(f"env_file{index}"))
     config = out.get(f"config{index}")
-    return UnitFacts(shown, environment, stat, sha256, http_answers(out[f"http{index}"].text),
+    http = out.get(f"http{index}")
+    return UnitFacts(shown, environment, stat, sha256, http_answers(http.text) if http else {},
                      config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"),
                      dropin_files(out.get(f"dropins{index}")))
 

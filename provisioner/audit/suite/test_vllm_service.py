@@ -7,6 +7,7 @@ profile's rules to each unit that discovery found. A unit systemd did not load (
 setting) fails its `unit file` row, which says what and how to fix it; its other rows are n/a.
 """
 
+import ipaddress
 import json
 
 from provisioner.audit.checks import REPORTED, UNSET, each, matches, shown
@@ -19,8 +20,14 @@ from provisioner.audit.suite.instance_files import (
     expect_env_file_owner,
 )
 from provisioner.secrets import REDACTED, is_secret_name, shown_command
+from provisioner.vllm.serve_args import bracketed
 
 units = each(lambda expected: expected["units"], ids=lambda unit: unit["name"])
+# the units that serve an API: all but the headless nodes of multi-node instances
+serving = each(lambda expected: [unit for unit in expected["units"] if not (unit.get("group") or {}).get("headless")],
+               ids=lambda unit: unit["name"])
+# the nodes of multi-node instances
+nodes = each(lambda expected: [unit for unit in expected["units"] if unit.get("group")], ids=lambda unit: unit["name"])
 NO_MANAGED_DROPINS = "none that change a managed setting"
 NOT_LOADED = {"masked": "the unit is masked", "not-found": "the unit file is missing",
               "bad-setting": "the unit has a bad setting", "error": "systemd could not load the unit"}
@@ -264,7 +271,7 @@ def test_config_file(case, facts, audit):
     expect_config_file(audit, unit["name"], unit["config_file"], facts.units[unit["name"]].config_text)
 
 
-@units
+@serving
 def test_listening(case, facts, audit):
     """`UNIT: listening` — the addresses listening on the server's port (`ss -ltn`) against its bind address.
 
@@ -278,7 +285,7 @@ def test_listening(case, facts, audit):
                  passed=unit["listen"] in on_port)
 
 
-@units
+@serving
 def test_health(case, facts, audit):
     """`UNIT: GET URL/health` — the HTTP status of the server's /health, asked on the host itself, against 200.
 
@@ -294,7 +301,7 @@ def test_health(case, facts, audit):
     audit.expect(check, "200", answer.get("status", answer.get("error")))
 
 
-@units
+@serving
 def test_served_models(case, facts, audit):
     """`UNIT: GET URL/v1/models` — the model ids the server lists (asked with its own API key) against its served names.
 
@@ -319,7 +326,7 @@ def model_ids(answer: dict) -> str | list[str]:
         return f"not a list of models: {answer['body'][:80]}"
 
 
-@units
+@serving
 def test_ready(case, facts, audit):
     """`UNIT: ready (one request served)` — the unit's own readiness probe's verdict against `ready`.
 
@@ -334,3 +341,46 @@ def test_ready(case, facts, audit):
     verdict = lines[-1].removeprefix("wait-ready: ")
     audit.expect(f"{unit['name']}: ready (one request served)", "ready", verdict,
                  passed=ready is not None and ready.rc == 0)
+
+
+@nodes
+def test_group(case, facts, audit):
+    """`UNIT: node R of N, rendezvous ADDRESS:PORT` — rank 0 listening on the rendezvous port, a headless node connected to it.
+
+    Modes: spec.
+
+    Node rank 0: something listens on the rendezvous port; a headless node (rank ≥ 1): a connection established
+    to the leader's rendezvous (`ss -tn`); the rank, size and master address are those its config file gives.
+    Every node's unit, config file (rank, size, master address and port) and vLLM version are checked against
+    the spec on its own host, which makes them agree; this row says the group met: the followers stay
+    connected to the leader's store (torch.distributed's TCPStore, which vLLM's launcher runs on node rank 0),
+    and node rank 0's `ready` row says the whole group serves."""
+    unit = case.item
+    group = unit["group"]
+    master = f"{bracketed(group['master_addr'])}:{group['master_port']}"
+    check = f"{unit['name']}: node {group['rank']} of {group['size']}, rendezvous {master}"
+    if group["rank"] == 0:
+        loaded(audit, unit, facts, check, f"listening on port {group['master_port']}")
+        on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == str(group["master_port"]))
+        audit.expect(check, f"listening on port {group['master_port']}",
+                     f"listening on {', '.join(on_port)}" if on_port else f"nothing on port {group['master_port']}",
+                     passed=bool(on_port))
+        return
+    loaded(audit, unit, facts, check, f"connected to {master}")
+    peers = sorted({peer for _, peer in facts.established if joins(peer, group)})
+    audit.expect(check, f"connected to {master}", f"connected to {', '.join(peers)}" if peers else
+                 f"no connection to {master}", passed=bool(peers))
+
+
+def joins(peer: str, group: dict) -> bool:
+    """Whether an established connection's peer is the group's rendezvous (a master address given as a name:
+    its port alone tells)."""
+    address, _, port = peer.rpartition(":")
+    if port != str(group["master_port"]):
+        return False
+    address = address.strip("[]").removeprefix("::ffff:")
+    try:
+        ipaddress.ip_address(group["master_addr"])
+    except ValueError:
+        return True
+    return address == group["master_addr"]

@@ -10,6 +10,9 @@ step, at most --max-num-seqs requests generating at once (the rest wait), prompt
 STANDIN_STARTUP_DELAY (seconds) delays the listening socket, like a slow model load.
 STANDIN_SAMPLER_JIT_S: the stall of the first batch of 8 requests sampling with the model's
 defaults (vllm/standin_sampler.py, as recorded on the H200).
+Several nodes (--nnodes N --node-rank R --master-addr A --master-port P, --headless on ranks >= 1): the
+rendezvous of vllm/standin_rendezvous.py first; node rank 0 listens for HTTP only once every node joined, a
+headless node serves nothing and ends (exit 1) when its leader goes.
 
 A vLLM that cannot start (a wheel built with fails_at_start: tests/doubles/vllm_wheel.py): the options
 parsed, it writes a traceback ending in that message to stderr, as vLLM dies of a fatal start-up error
@@ -38,6 +41,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm import standin_rendezvous as rendezvous
 from vllm.entrypoints.cli.standin_metrics import Metrics, kv_cache_tokens
 from vllm.standin_latency import Engine, Settings
 from vllm.standin_sampler import Sampler
@@ -165,11 +169,17 @@ def serve(options):
         def log_message(self, *args):
             pass
 
-    print(f"stand-in vllm {vllm.__version__} (TEST DOUBLE) serving {', '.join(served)} on {host}:{port}", flush=True)
     # as vLLM: SIGTERM shuts the server down (in a container it is PID 1, which ignores signals it has no
-    # handler for), also while the model "loads"
+    # handler for), also while the model "loads" or its node waits for the group
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if join_group(options, model, stop) is None:
+        sys.exit(0)
+    if options.get("headless"):  # a node of rank >= 1: its workers only, no API (vllm/standin_rendezvous.py)
+        start_engine_core(options)
+        signalled(stop)
+        os._exit(0)
+    print(f"stand-in vllm {vllm.__version__} (TEST DOUBLE) serving {', '.join(served)} on {host}:{port}", flush=True)
     start_engine_core(options)
     if signalled(stop, float(os.environ.get("STANDIN_STARTUP_DELAY", "0"))):
         sys.exit(0)
@@ -183,6 +193,19 @@ def serve(options):
     streams.drain(float(options.get("shutdown_timeout") or 0))
     sys.stdout.flush()
     os._exit(0)  # at once, as vLLM's own exit: no interpreter teardown waiting on the handlers' threads
+
+
+def join_group(options, model, stop):
+    """A node of a multi-node instance (--nnodes > 1) takes part in the group's rendezvous before it serves
+    (vllm/standin_rendezvous.py): the leader returns once every follower joined, a follower once it joined;
+    None on SIGTERM meanwhile. True on one node alone."""
+    nnodes, rank, address, master_port, _ = rendezvous.node_of(options)
+    if nnodes < 2:
+        return True
+    identity = {"version": vllm.__version__, "model": model}
+    if rank == 0:
+        return rendezvous.lead(nnodes, master_port, identity, stop)
+    return rendezvous.follow(rank, nnodes, address, master_port, identity, stop)
 
 
 def fail_at_start(message):
