@@ -430,8 +430,11 @@ def run_playbook(
                                        stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL)
         try:
             if password is not None:  # read by --become-password-file - until the pipe closes
-                process.stdin.write(password.encode() + b"\n")
-                process.stdin.close()
+                try:
+                    process.stdin.write(password.encode() + b"\n")
+                    process.stdin.close()
+                except BrokenPipeError:  # it stopped before reading it: its output says why
+                    pass
             while True:
                 ended = process.poll() is not None
                 for line in events.read():
