@@ -17,9 +17,11 @@ from provisioner.spec import load_spec
 from tests.lab.hosts import LAB_NOTES, Lab, TestHost
 from tests.lab.vm import VM_TIMINGS, VirtualMachine, accelerator, ensure_image
 
-# Paths that change on a host by merely running (logs, ansible's temp files, systemd state):
-# everything else written to a host's disk shows up in its overlay's upper layer.
-VOLATILE = ("var/log/", "var/lib/systemd/", "var/cache/", "tmp/", "var/tmp/", "root/.ansible/", "run/")
+# Paths that change on a host by merely running (logs, ansible's temp files, systemd state, what Debian's
+# daily dpkg-db-backup.timer writes at midnight): everything else written to a host's disk shows up in its
+# overlay's upper layer.
+VOLATILE = ("var/log/", "var/lib/systemd/", "var/cache/", "tmp/", "var/tmp/", "root/.ansible/", "run/",
+            "var/backups/")
 
 
 def pytest_collection_modifyitems(items):
