@@ -49,6 +49,10 @@ done
 """
 
 
+# what ssh says when the connection, or its banner exchange, took longer than ConnectTimeout
+SSH_CONNECT_TIMED_OUT = "Connection timed out"
+
+
 def _run(*command: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, check=check, capture_output=True, text=True, **kwargs)
 
@@ -93,10 +97,16 @@ class TestHost:
         ]
 
     def ssh(self, command: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run a shell command on the host as root; raise with its output when it fails."""
-        result = subprocess.run(
-            self.ssh_command(command), capture_output=True, text=True, timeout=timeout
-        )
+        """Run a shell command on the host as root; raise with its output when it fails. A connection
+        that timed out before the command ran (ssh's 2 s ConnectTimeout, which covers the banner exchange
+        too: an emulated VM on a loaded machine can miss it) is tried again, twice at most."""
+        for attempt in range(3):
+            result = subprocess.run(
+                self.ssh_command(command), capture_output=True, text=True, timeout=timeout
+            )
+            if not (result.returncode == 255 and SSH_CONNECT_TIMED_OUT in result.stderr):
+                break
+            time.sleep(1)
         if check and result.returncode != 0:
             raise RuntimeError(
                 f"{self.name}: `{command}` exited {result.returncode}\n"
