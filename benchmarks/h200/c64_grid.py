@@ -21,12 +21,11 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from restart_study import ready, sampling_warm_up, start  # noqa: E402
+from restart_study import ready, sampling_warm_up, sampling_warm_up_all, start  # noqa: E402
 from start_and_metrics import stop  # noqa: E402
 from tune_grid import bench  # noqa: E402
 
@@ -47,15 +46,9 @@ def main(out_dir: str, candidates_file: str) -> None:
     save = lambda: (out / "c64.json").write_text(json.dumps(result, indent=1))  # noqa: E731
     servers = {name: start(ports[name], CACHES / name, out / f"server-{name}.log", candidates[name]) for name in names}
     for name, (process, started) in servers.items():
-        result["started"][name] = ready(ports[name], process, started, limit_s=400)
-    warmed: dict = {}
-    threads = [threading.Thread(target=lambda n=name: warmed.__setitem__(n, sampling_warm_up(ports[n]))) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for name in names:
-        result["started"][name]["sampling_warm_up"] = warmed.get(name)
+        result["started"][name] = ready(ports[name], process, started)
+    for name, warmed in sampling_warm_up_all(ports).items():
+        result["started"][name]["sampling_warm_up"] = warmed
     print("started", json.dumps(result["started"]), flush=True)
     save()
     for round_index in range(1, ROUNDS + 1):

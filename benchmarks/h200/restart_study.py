@@ -105,6 +105,17 @@ def sampling_warm_up(port: int) -> dict:
     return {"seconds": round(time.monotonic() - began, 2), "ttft_max_s": [run["ttft_max_s"] for run in runs]}
 
 
+def sampling_warm_up_all(ports: dict[str, int]) -> dict[str, dict | None]:
+    """sampling_warm_up on every server at once (name -> port); name -> its result (None: it raised)."""
+    warmed: dict = {}
+    threads = [threading.Thread(target=lambda n=name: warmed.__setitem__(n, sampling_warm_up(ports[n]))) for name in ports]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {name: warmed.get(name) for name in ports}
+
+
 def timed_import(out: Path) -> dict:
     code = "import time; t = time.monotonic(); import vllm.entrypoints.cli.main; print(time.monotonic() - t)"
     env = {**os.environ, **BUNDLE_ENV}

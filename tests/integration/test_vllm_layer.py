@@ -10,6 +10,7 @@ version's catalog, a stand-in server. The real vLLM runs on the H200 (tests/fixt
 from __future__ import annotations
 
 import json
+import shlex
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry, 
 
 UNIT = "vllm-chat.service"
 CONFIG = "/etc/vllm/chat.yaml"
+CACHES = "/var/lib/vllm/cache"  # <vllm_service_home>/cache: the units' compile caches, a folder per vLLM version
+REMOVE_OLD_VERSIONS = "Remove the venvs and compile caches of versions neither running nor previous"
+NO_START = "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"  # a vLLM that cannot start
 
 
 def process_of(host, port: int = 8000) -> dict:
@@ -31,16 +35,41 @@ def process_of(host, port: int = 8000) -> dict:
         return json.load(response)
 
 
-def spec_for(host, path: Path, version: str = "0.25.0", cuda: str | None = None, **instance_extra):
-    """The host's spec with `version` of vLLM (its `cuda` build: the wheelhouse holds that build's wheel)."""
+def spec_for(host, path: Path, version: str = "0.25.0", cuda: str | None = None, fails_at_start: str | None = None,
+             **instance_extra):
+    """The host's spec with `version` of vLLM (its `cuda` build: the wheelhouse holds that build's wheel; with
+    `fails_at_start`, a vLLM that cannot start)."""
     entry = host_entry(host)
     package = version + ("+cu" + cuda.replace(".", "") if cuda else "")
-    entry["vllm"] = {**entry["vllm"], "version": version, "cuda": cuda, "wheelhouse": str(standin_wheelhouse(package))}
+    wheelhouse = standin_wheelhouse(package, fails_at_start=fails_at_start)
+    entry["vllm"] = {**entry["vllm"], "version": version, "cuda": cuda, "wheelhouse": str(wheelhouse)}
     return load_spec(write_spec(path, [entry], [instance_entry(host, "chat", 8000, share=0.9, **instance_extra)]))
 
 
 def main_pid(host) -> str:
     return host.ssh(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+
+
+def compile_into_caches(host) -> set[str]:
+    """What the running unit's vLLM leaves once it compiled (the stand-in compiles nothing): a file in each
+    cache folder its environment names (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR), written
+    by the service user. Returns the folders."""
+    environment = host.ssh(f"systemctl show -p Environment --value {UNIT}").stdout.split()
+    folders = {value for name, _, value in (word.partition("=") for word in environment)
+               if name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    script = 'for folder; do mkdir -p "$folder" && echo compiled > "$folder/artifact"; done'
+    host.ssh(f"runuser -u vllm -- sh -c {shlex.quote(script)} sh {shlex.join(sorted(folders))}")
+    return folders
+
+
+def cache_folders(host) -> list[str]:
+    return host.ssh(f"ls {CACHES}").stdout.split()
+
+
+def removed(results: list[TaskResult]) -> set[str]:
+    """What the run's removal of old versions removed (check mode: would remove), path by path."""
+    (removal,) = [result for result in results if result.role == "vllm_install" and result.task == REMOVE_OLD_VERSIONS]
+    return {diff["dest"] for diff in removal.diffs if diff.get("after", {}).get("state") == "absent"}
 
 
 def test_install_from_a_wheelhouse_check_mode_idempotence_and_an_upgrade(boot, tmp_path):
@@ -65,23 +94,62 @@ def test_install_from_a_wheelhouse_check_mode_idempotence_and_an_upgrade(boot, t
     assert (process["options"]["max_model_len"], process["options"]["block_size"]) == (4096, 16)
     assert yaml.safe_load(host.ssh(f"cat {CONFIG}").stdout)["model"] == MODEL
 
+    # the unit keeps its compile caches per version, in <home>/cache/<version>
+    assert compile_into_caches(host) == {f"{CACHES}/0.25.0/{folder}" for folder in ("vllm", "inductor", "triton")}
     again = apply_spec(spec)
     assert again.succeeded and again.changed == 0
+    assert cache_folders(host) == ["0.25.0"]
 
     upgraded = spec_for(host, tmp_path / "spec-0.33.yml", version="0.33.0")
     pid = main_pid(host)
     assert apply_spec(upgraded).succeeded
     assert host.ssh("/opt/vllm/venvs/0.33.0/bin/vllm --version").stdout.strip() == "0.33.0"
     assert process_of(host)["version"] == "0.33.0" and main_pid(host) != pid  # restarted on the new vLLM
+    compile_into_caches(host)
     assert apply_spec(upgraded).changed == 0
+    assert cache_folders(host) == ["0.25.0", "0.33.0"]  # the running version's and the previous one's
 
-    # the CUDA 12.9 build of the same version (for drivers below 580): pip's local label, a venv of its own
+    # the CUDA 12.9 build of the same version (for drivers below 580): pip's local label, a venv of its own.
+    # The switch removes 0.25.0, neither running nor previous now: its venv and its caches; and the caches of
+    # a version whose venv went before (an earlier build of the roles left them)
+    host.ssh(f"runuser -u vllm -- mkdir -p {CACHES}/0.20.0/triton")
     cu129 = spec_for(host, tmp_path / "spec-0.33-cu129.yml", version="0.33.0", cuda="12.9")
+    old_version = {"/opt/vllm/venvs/0.25.0", f"{CACHES}/0.25.0", f"{CACHES}/0.20.0"}
+    checked: list[TaskResult] = []
+    assert apply_spec(cu129, check=True, diff=True, on_result=checked.append).succeeded
+    assert removed(checked) == old_version  # check mode names each removal ...
+    assert cache_folders(host) == ["0.20.0", "0.25.0", "0.33.0"]  # ... and removes nothing
     pid = main_pid(host)
-    assert apply_spec(cu129).succeeded
+    applied: list[TaskResult] = []
+    assert apply_spec(cu129, diff=True, on_result=applied.append).succeeded
+    assert removed(applied) == old_version  # what check mode said
     assert host.ssh("/opt/vllm/venvs/0.33.0+cu129/bin/vllm --version").stdout.strip() == "0.33.0+cu129"
     assert process_of(host)["version"] == "0.33.0+cu129" and main_pid(host) != pid
+    assert host.ssh("ls /opt/vllm/venvs").stdout.split() == ["0.33.0", "0.33.0+cu129"]
+    compile_into_caches(host)
     assert apply_spec(cu129).changed == 0
+    assert cache_folders(host) == ["0.33.0", "0.33.0+cu129"]  # the previous version keeps its caches for a rollback
+    assert host.ssh(f"cat {CACHES}/0.33.0/inductor/artifact").stdout.strip() == "compiled"
+
+
+def test_a_version_that_did_not_get_ready_goes_with_its_caches(boot, tmp_path):
+    """A rollback (vllm_service's tasks/rollback.yml, then vllm_install's discard.yml): the new version's venv
+    and its folder of caches go, so that the next try starts afresh; the running version keeps its caches."""
+    (host,) = boot(1)
+    install_standin(host)
+    assert apply_spec(spec_for(host, tmp_path / "spec.yml")).succeeded
+    compile_into_caches(host)
+    # what the new version's start leaves there (the stand-in dies before it would compile)
+    host.ssh(f"runuser -u vllm -- mkdir -p {CACHES}/0.33.0/vllm")
+    broken = spec_for(host, tmp_path / "broken.yml", version="0.33.0", fails_at_start=NO_START)
+
+    run = apply_spec(broken)
+
+    assert not run.succeeded
+    assert any("did not get ready" in problem.message for problem in run.problems), run.problems
+    assert process_of(host)["version"] == "0.25.0"  # rolled back
+    assert host.ssh("ls /opt/vllm/venvs").stdout.split() == ["0.25.0"]
+    assert cache_folders(host) == ["0.25.0"]
 
 
 def test_a_flag_the_installed_vllm_rejects_never_reaches_the_unit(boot, tmp_path):

@@ -4,8 +4,6 @@ candidates side by side, vLLM's own result JSON per run, 1 and 64 users, 3 round
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from provisioner.tune.measure import replay
 from provisioner.tune.slo import parse_slo
 from provisioner.tune.space import search_space
+from tests.unit.recorded_runs import lay_out_run_set
 
 GRID = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "h200-tune" / "grid"
 LABELS = {"defaults": "baseline", "mnbt2048": "max-num-batched-tokens=2048", "mnbt1024": "max-num-batched-tokens=1024",
@@ -25,12 +24,9 @@ AXES = search_space("0.25.0", {"max-num-batched-tokens": (2048, 1024, 512), "per
 def recorded(tmp_path) -> Path:
     """The grid in the layout --from-results reads: LABEL/runset.json, LABEL/runs/c<C>-r<R>.json."""
     for name, label in LABELS.items():
-        runs = tmp_path / label / "runs"
-        runs.mkdir(parents=True)
-        (tmp_path / label / "runset.json").write_text(json.dumps({"name": label}))
-        for result in (GRID / name).glob("*.json"):
-            load, _, repeat = result.stem.partition("-")
-            shutil.copy(result, runs / f"c{CONCURRENCY[load]}-{repeat}.json")
+        lay_out_run_set(tmp_path, label, ((result, f"c{CONCURRENCY[result.stem.partition('-')[0]]}-"
+                                                   f"{result.stem.partition('-')[2]}")
+                                          for result in (GRID / name).glob("*.json")))
     return tmp_path
 
 
