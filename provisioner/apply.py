@@ -423,42 +423,51 @@ def run_playbook(
             "ANSIBLE_FORCE_COLOR": "0",
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         }
-        events, lines = AppendedLines(events_file), AppendedLines(output_file)
-        password = controls.become_password
-        with open(output_file, "wb") as output_stream:
-            process = subprocess.Popen(command, env=variables, stdout=output_stream, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL)
-        try:
-            if password is not None:  # read by --become-password-file - until the pipe closes
-                try:
-                    process.stdin.write(password.encode() + b"\n")
-                    process.stdin.close()
-                except BrokenPipeError:  # it stopped before reading it: its output says why
-                    pass
-            while True:
-                ended = process.poll() is not None
-                for line in events.read():
-                    if line.strip():
-                        handle(json.loads(line))
-                for line in lines.read():
-                    output(line)
-                if ended:
-                    break
-                time.sleep(POLL_SECONDS)
-        finally:
-            if process.poll() is None:  # interrupted: Ansible stops as on Ctrl-C, its workers with it
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            events.close()
-            lines.close()
-        rc = process.returncode
+        rc = _run_streaming(command, variables, controls.become_password, events_file, output_file,
+                            on_event_line=lambda line: handle(json.loads(line)), on_output_line=output)
         output_tail = "" if stats else "\n".join(line for line in output_lines if line.strip())
     return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns,
                        turns_since=timeline.started_at)
+
+
+def _run_streaming(command: list[str], variables: dict[str, str], password: str | None, events_file: Path,
+                   output_file: Path, *, on_event_line: Callable[[str], None],
+                   on_output_line: Callable[[str], None]) -> int:
+    """Run ansible-playbook, its output to `output_file`; read its events file and its output as they come
+    (every POLL_SECONDS), each complete line to its callback; the become password (if any) on its standard
+    input. Interrupted (Ctrl-C, an error in a callback): it gets SIGINT and stops as on Ctrl-C. Its exit code."""
+    events, lines = AppendedLines(events_file), AppendedLines(output_file)
+    with open(output_file, "wb") as output_stream:
+        process = subprocess.Popen(command, env=variables, stdout=output_stream, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL)
+    try:
+        if password is not None:  # read by --become-password-file - until the pipe closes
+            try:
+                process.stdin.write(password.encode() + b"\n")
+                process.stdin.close()
+            except BrokenPipeError:  # it stopped before reading it: its output says why
+                pass
+        while True:
+            ended = process.poll() is not None
+            for line in events.read():
+                if line.strip():
+                    on_event_line(line)
+            for line in lines.read():
+                on_output_line(line)
+            if ended:
+                break
+            time.sleep(POLL_SECONDS)
+    finally:
+        if process.poll() is None:  # interrupted: Ansible stops as on Ctrl-C, its workers with it
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        events.close()
+        lines.close()
+    return process.returncode
 
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:
