@@ -89,10 +89,18 @@ class ApplyResult:
     output_tail: str = ""  # Ansible's own last output lines, for errors before any task ran
     turns: dict[str, HostTurn] = field(default_factory=dict)  # each host's batch and time window
     turns_since: float | None = None  # the wall clock (time.time()) the turns' seconds count from
+    interrupted: bool = False  # Ctrl-C (SIGINT) stopped the playbook
+    # a rolling apply that did not succeed: what the gateways did with the drains it left (rollout_recover)
+    recovery: list[TaskResult] = field(default_factory=list)
 
     @property
     def succeeded(self) -> bool:
-        return self.rc == 0 and all(s.succeeded for s in self.stats.values())
+        return self.rc == 0 and not self.interrupted and all(s.succeeded for s in self.stats.values())
+
+    @property
+    def lost(self) -> list[str]:
+        """The hosts that went unreachable during the run."""
+        return [host for host, stats in self.stats.items() if stats.unreachable]
 
     @property
     def changed(self) -> int:
@@ -423,11 +431,15 @@ def run_playbook(
             "ANSIBLE_FORCE_COLOR": "0",
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         }
-        rc = _run_streaming(command, variables, controls.become_password, events_file, output_file,
-                            on_event_line=lambda line: handle(json.loads(line)), on_output_line=output)
+        interrupted = False
+        try:
+            rc = _run_streaming(command, variables, controls.become_password, events_file, output_file,
+                                on_event_line=lambda line: handle(json.loads(line)), on_output_line=output)
+        except KeyboardInterrupt:  # Ansible got SIGINT and stopped: what it did so far is reported
+            rc, interrupted = INTERRUPTED_RC, True
         output_tail = "" if stats else "\n".join(line for line in output_lines if line.strip())
     return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns,
-                       turns_since=timeline.started_at)
+                       turns_since=timeline.started_at, interrupted=interrupted)
 
 
 def _run_streaming(command: list[str], variables: dict[str, str], password: str | None, events_file: Path,
@@ -523,11 +535,41 @@ def apply_spec(
                 controls = dataclasses.replace(controls, rollout=dataclasses.replace(controls.rollout, units=units))
             result = run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, controls=controls,
                                   on_result=on_result, on_output=on_output)
+            if controls.rollout is not None and not check and not result.succeeded and spec.gateways:
+                result.recovery = recover_gateways(Path(inventory_dir), result.lost, controls, on_result)
     refused_stats = {refusal.host: HostStats(unreachable=1) for refusal in refusals}
     result.stats = {host.name: refused_stats.get(host.name) or result.stats[host.name]
                     for host in chosen if host.name in refused_stats or host.name in result.stats}
     result.problems[:0] = refusals
     return result
+
+
+INTERRUPTED_RC = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+RECOVER_PLAYBOOK = f"{paths.COLLECTION}.rollout_recover"
+
+
+def recover_gateways(inventory_dir: Path, lost: list[str], controls: Controls,
+                     on_result: Callable[[TaskResult], None] | None) -> list[TaskResult]:
+    """After a rolling apply that failed, was interrupted or lost hosts: on every gateway host, put back the
+    drains the rollout recorded where the replica is ready, keep the others (said why), take the servers of
+    the `lost` hosts out (maintenance, sessions shut down): playbooks/rollout_recover.yml. What each gateway
+    said, as task results (its debug notes and its failures)."""
+    said: list[TaskResult] = []
+
+    def keep(task: TaskResult) -> None:
+        if task.notes or task.status in ("failed", "unreachable"):
+            said.append(task)
+        if on_result is not None:
+            on_result(task)
+
+    extra = json.dumps({"rollout_lost_hosts": lost})
+    recovery_controls = dataclasses.replace(controls, rollout=None, tags=(), skip_tags=(),
+                                            extra_vars=(*controls.extra_vars, extra))
+    result = run_playbook(inventory_dir, playbook=RECOVER_PLAYBOOK, controls=recovery_controls, on_result=keep)
+    if result.interrupted:
+        said.append(TaskResult("(gateways)", "rollout", "put back the drains", "failed",
+                               "interrupted again: the drains stay recorded; the next apply puts them back"))
+    return said
 
 
 READ_DRIVER_TASK = "read the NVIDIA driver"

@@ -239,9 +239,10 @@ def rollout_vars(spec: Spec, host: Host) -> dict[str, Any]:
     """What role rollout drains and puts back on a host while a rolling apply changes it: each gateway
     server that is one of the host's instances, {gateway: its host, backend, server}."""
     names = {instance.name for instance in spec.instances_on(host.name)}
-    servers = [{"gateway": gateway.host, "backend": route_backend(gateway, index), "server": replica.instance.name}
+    servers = [{"gateway": gateway.host, "backend": route_backend(gateway, index), "server": replica.instance.name,
+                "model": model}
                for gateway in spec.gateways
-               for index, replicas in enumerate(routes(gateway, list(spec.instances)).values())
+               for index, (model, replicas) in enumerate(routes(gateway, list(spec.instances)).items())
                for replica in replicas if replica.instance.name in names]
     return {"rollout_gateway_servers": servers} if servers else {}
 

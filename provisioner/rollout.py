@@ -19,11 +19,14 @@ COUNT = re.compile(r"^([0-9]+)(%?)$")
 @dataclass(frozen=True)
 class Rollout:
     """Batches of `batch` hosts (N or N%) after a canary batch of `canary` hosts; the rollout stops before
-    the next batch once more than `max_fail` hosts (N or N% of the hosts) failed."""
+    the next batch once more than `max_fail` hosts (N or N% of the hosts) failed; a batch is drained only
+    while each route it touches keeps `min_serving` replicas serving outside it."""
 
     batch: str = "1"
     max_fail: str = "0"
     canary: int = 1
+    # replicas each route keeps serving outside a batch (N or N% of the route's), checked before its drain
+    min_serving: str = "1"
     # the hosts that change together, by size, in the inventory's order (a multi-node instance's hosts: one
     # unit); none: each host its own
     units: tuple[int, ...] = ()
@@ -39,6 +42,10 @@ class Rollout:
         if not max_fail or (max_fail[2] and int(max_fail[1]) > 100):
             found.append(f"--max-fail {self.max_fail}: give a number of hosts (0 or more) or a percentage of "
                          "them (0%-100%)")
+        min_serving = COUNT.match(self.min_serving)
+        if not min_serving or (min_serving[2] and int(min_serving[1]) > 100):
+            found.append(f"--min-serving {self.min_serving}: give a number of replicas (0 or more) or a percentage "
+                         "of a route's replicas (0%-100%)")
         if self.canary < 1:
             found.append(f"--canary {self.canary}: give 1 or more hosts")
         return found
@@ -49,7 +56,8 @@ class Rollout:
         batch = self.batch if self.batch.endswith("%") else int(self.batch)
         max_fail = self.max_fail if self.max_fail.endswith("%") else int(self.max_fail)
         batches = self.unit_batches() if any(size > 1 for size in self.units) else [self.canary, batch]
-        return json.dumps({"rollout_batches": batches, "rollout_max_fail": max_fail})
+        min_serving = self.min_serving if self.min_serving.endswith("%") else int(self.min_serving)
+        return json.dumps({"rollout_batches": batches, "rollout_max_fail": max_fail, "rollout_min_serving": min_serving})
 
     def unit_batches(self) -> list[int]:
         """The batch sizes that keep each unit in one batch: the canary, then batches of `batch` hosts (N, or N%

@@ -62,6 +62,28 @@ options:
     type: str
     choices: [fail, ignore]
     default: fail
+  shutdown_sessions:
+    description:
+      - For O(state=drain) or O(state=maint) - when sessions are left once O(timeout) passes (or at once for
+        O(state=maint)), end them (C(shutdown sessions server BACKEND/SERVER)) - a drain is bounded, and the dead
+        sessions of a lost replica hold no later drain. Returns RV(shutdown).
+    type: bool
+    default: false
+  record_dir:
+    description:
+      - Where vllm-provision records the drains it makes on this host (one file per server; role gateway re-applies
+        them when haproxy starts, the audit reads them). Unset - nothing recorded, every server is set as asked.
+      - Set - O(state=drain) or O(state=maint) records the server before it sets it. A server already out of rotation
+        with no record is someone else's (an operator's) - it is kept as it is, and RV(owned) is false.
+        O(state=ready) removes the record once the server is back in rotation.
+    type: path
+  reason:
+    description: Why the server is taken out, kept in its record (shown by the audit and the next run).
+    type: str
+    default: vllm-provision
+  host:
+    description: The host of the server's replica, kept in its record (a later run puts back the servers of a host it reaches).
+    type: str
 attributes:
   check_mode:
     support: full
@@ -76,8 +98,9 @@ notes:
   - Prefer O(state=drain) for a restart - HAProxy keeps checking a drained server, so its status follows the
     restart. A server in C(maint) is not checked, and leaving C(maint) counts it C(UP) at once
     (C(UP 1/2), before any check); O(wait) then lasts until its first check passes.
-  - The runtime state lives in the haproxy process - a reload forgets it (role gateway keeps no server-state file),
-    and the sessions an old process still finishes after a reload are not counted.
+  - The runtime state lives in the haproxy process; role gateway saves it before a reload or a stop and loads it at
+    start (C(server-state-file)), and re-applies the recorded drains (O(record_dir)) when haproxy starts - a crash
+    saves nothing. The sessions an old process still finishes after a reload are not counted.
 """
 
 EXAMPLES = r"""
@@ -127,6 +150,16 @@ waited:
   returned: always
   type: float
   sample: 2.9
+owned:
+  description: With O(record_dir) - whether the server's drain or maintenance is vllm-provision's (recorded) after the task.
+  returned: when record_dir is set and the server was found
+  type: bool
+  sample: true
+shutdown:
+  description: With O(shutdown_sessions) - how many sessions were left and shut down.
+  returned: when sessions were shut down
+  type: int
+  sample: 2
 msg:
   description: What was done, in one line.
   returned: always
@@ -134,138 +167,21 @@ msg:
   sample: "public-0/chat-2: ready -> drain; drained after 2.9 s"
 """
 
-import csv
-import re
-import socket
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-
-# srv_admin_state's bits (HAProxy's management guide, "show servers state")
-MAINT_BITS = 0x01 | 0x02 | 0x04 | 0x20  # forced, inherited (tracked server), configured, DNS resolution
-DRAIN_BITS = 0x08 | 0x10  # forced, inherited
-NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")  # HAProxy's names; anything else could smuggle a second command
-
-
-class Failure(Exception):
-    """A message for the user (the task fails with it), and what the task returns with it."""
-
-    def __init__(self, message, result=None):
-        super().__init__(message)
-        self.result = result or {}
-
-
-class Missing(Failure):
-    """HAProxy is not running, or has no such backend or server: with missing=ignore, nothing to do."""
-
-
-def ask(path, command, timeout=10.0):
-    """One command on the admin socket: HAProxy answers, then closes (non-interactive mode)."""
-    fix = "start haproxy (systemctl start haproxy), or set the module's socket option to its stats socket"
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(timeout)
-            connection.connect(path)
-            connection.sendall(command.encode() + b"\n")
-            chunks = []
-            while True:
-                chunk = connection.recv(65536)
-                if not chunk:
-                    return b"".join(chunks).decode("utf-8", "replace")
-                chunks.append(chunk)
-    except FileNotFoundError:
-        raise Missing("HAProxy's admin socket %s does not exist: haproxy is not running, or its configuration has no"
-                      " 'stats socket %s level admin' - %s" % (path, path, fix))
-    except PermissionError:
-        raise Failure("HAProxy's admin socket %s: permission denied - run the task as root (become: true) or as a"
-                      " member of the socket's group (haproxy)" % path)
-    except ConnectionRefusedError:
-        raise Missing("HAProxy's admin socket %s refuses connections: haproxy is not running (the socket file is"
-                      " left over) - %s" % (path, fix))
-    except socket.timeout:
-        raise Failure("HAProxy's admin socket %s did not answer '%s' within %g s" % (path, command, timeout))
-    except OSError as error:
-        raise Failure("HAProxy's admin socket %s: %s - %s" % (path, error.strerror or error, fix))
-
-
-def parse_stat(text):
-    """`show stat` CSV: one dict per row, keyed by the header's names (their order changes between versions)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        raise Failure("HAProxy answered 'show stat' with: %s" % text.strip())
-    names, *rows = csv.reader([lines[0][2:]] + lines[1:])  # a check's text may hold a quoted comma
-    return [dict(zip(names, row)) for row in rows]
-
-
-def parse_servers_state(text):
-    """`show servers state BACKEND`: a version line, a '# ' header of names, one space-separated row per server."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if len(lines) < 2 or lines[0].strip() != "1" or not lines[1].startswith("# "):
-        raise Failure("HAProxy answered 'show servers state' with: %s" % text.strip())
-    names = lines[1][2:].split()
-    return [dict(zip(names, line.split())) for line in lines[2:] if not line.startswith("#")]
-
-
-def admin_state(bits):
-    """srv_admin_state (an int) as the word `set server ... state` takes."""
-    if bits & MAINT_BITS:
-        return "maint"
-    if bits & DRAIN_BITS:
-        return "drain"
-    return "ready"
-
-
-def server_state(stat_rows, state_rows, backend, server):
-    """The server's state from the two answers; Failure naming what exists when it does not."""
-    backends = [row["pxname"] for row in stat_rows if row.get("svname") == "BACKEND"]
-    if backend not in backends:
-        raise Missing("HAProxy has no backend '%s' (its backends: %s) - fix the backend option (role gateway names"
-                      " a gateway's routes <gateway>-<index>: see /etc/haproxy/haproxy.cfg)"
-                      % (backend, ", ".join(backends)))
-    servers = [row["srv_name"] for row in state_rows if row.get("be_name") == backend]
-    stats = [row for row in stat_rows if row.get("pxname") == backend and row.get("svname") == server]
-    if server not in servers or not stats:
-        raise Missing("HAProxy's backend '%s' has no server '%s' (its servers: %s) - fix the server option (role"
-                      " gateway names each server after its instance)" % (backend, server, ", ".join(servers) or "none"))
-    (bits,) = [int(row["srv_admin_state"]) for row in state_rows if row["srv_name"] == server]
-    stat = stats[0]
-    return dict(admin=admin_state(bits), status=stat["status"], sessions=int(stat["scur"] or 0),
-                queue=int(stat["qcur"] or 0), check_status=stat.get("check_status", ""),
-                check_code=stat.get("check_code", ""), last_check=stat.get("last_chk", ""))
-
-
-def read_server(path, backend, server):
-    stat_rows = parse_stat(ask(path, "show stat"))
-    answer = ask(path, "show servers state %s" % backend)
-    if answer.startswith("Can't find backend"):
-        return server_state(stat_rows, [], backend, server)  # fails, naming the backends
-    return server_state(stat_rows, parse_servers_state(answer), backend, server)
-
-
-def last_check(state):
-    """The last health check in one phrase: 'L7STS 503: Service Unavailable', 'L4CON: Connection refused'."""
-    check = " ".join(part for part in (state["check_status"], state["check_code"]) if part) or "no check result"
-    return "%s: %s" % (check, state["last_check"]) if state["last_check"] else check
-
-
-def is_up(state):
-    """UP with full health (not 'UP 1/2': just out of maint, or a check failed), or no check at all."""
-    return state["status"] in ("UP", "no check")
-
-
-def is_drained(state):
-    return state["sessions"] == 0 and state["queue"] == 0
-
-
-def wait_for(done, read, timeout, interval):
-    """Read until done(state) or timeout seconds passed: (state, done, seconds waited)."""
-    start = time.monotonic()
-    while True:
-        state = read()
-        waited = time.monotonic() - start
-        if done(state) or waited >= timeout:
-            return state, done(state), round(waited, 2)
-        time.sleep(min(interval, timeout - waited))
+from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.haproxy_runtime import (
+    NAME,
+    Failure,
+    Missing,
+    command,
+    is_drained,
+    is_up,
+    last_check,
+    read_records,
+    read_server,
+    remove_record,
+    wait_for,
+    write_record,
+)
 
 
 def main():
@@ -279,6 +195,10 @@ def main():
             timeout=dict(type="int", default=60),
             poll_interval=dict(type="float", default=0.5),
             missing=dict(type="str", default="fail", choices=["fail", "ignore"]),
+            shutdown_sessions=dict(type="bool", default=False),
+            record_dir=dict(type="path"),
+            reason=dict(type="str", default="vllm-provision"),
+            host=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -294,8 +214,8 @@ def main():
 
 def run(module):
     """The task's result; Failure(message, result) when it fails."""
-    path, backend, server, wanted, timeout = (
-        module.params[key] for key in ("socket", "backend", "server", "state", "timeout"))
+    path, backend, server, wanted, timeout, folder = (
+        module.params[key] for key in ("socket", "backend", "server", "state", "timeout", "record_dir"))
     name = "%s/%s" % (backend, server)
     for option in ("backend", "server"):
         if not NAME.match(module.params[option]):
@@ -306,21 +226,31 @@ def run(module):
         return read_server(path, backend, server)
 
     before = read()
-    result = dict(changed=before["admin"] != wanted, found=True, before=before, after=before, waited=0.0)
+    recorded = folder is not None and name in read_records(folder)
+    # with records: a server out of rotation that vllm-provision did not take out is someone else's: kept
+    kept = folder is not None and wanted != "ready" and before["admin"] != "ready" and not recorded
+    target = before["admin"] if kept else wanted
+    result = dict(changed=before["admin"] != target, found=True, before=before, after=before, waited=0.0)
+    if folder is not None:
+        result["owned"] = recorded or (wanted != "ready" and not kept)
     if module._diff:
-        result["diff"] = dict(before="%s: %s\n" % (name, before["admin"]), after="%s: %s\n" % (name, wanted))
+        result["diff"] = dict(before="%s: %s\n" % (name, before["admin"]), after="%s: %s\n" % (name, target))
     if module.check_mode:
-        return dict(result, msg="%s: %s %s" % (name, "would set" if result["changed"] else "already", wanted))
+        return dict(result, msg="%s: %s %s" % (name, "would set" if result["changed"] else "already", target)
+                    + ("; kept: not taken out by vllm-provision" if kept else ""))
+    if kept:
+        return dict(result, drained=is_drained(before),
+                    msg="%s: %s, kept: not taken out by vllm-provision (an operator's?)" % (name, before["admin"]))
+    if folder is not None and wanted != "ready":  # recorded first: a run cut off here still knows it is ours
+        write_record(folder, backend, server, wanted, module.params["reason"], module.params["host"])
     if before["admin"] != wanted:
-        command = "set server %s state %s" % (name, wanted)
-        answer = ask(path, command).strip()
-        if answer:
-            hint = " - its stats socket needs 'level admin'" if "Permission denied" in answer else ""
-            raise Failure("HAProxy refused '%s': %s%s" % (command, answer, hint))
+        command(path, "set server %s state %s" % (name, wanted))
         result["after"] = read()
         if result["after"]["admin"] != wanted:
-            raise Failure("%s is still %s after '%s' (a tracked server's or the configuration's state wins)"
-                          % (name, result["after"]["admin"], command), result)
+            raise Failure("%s is still %s after 'set server %s state %s' (a tracked server's or the configuration's"
+                          " state wins)" % (name, result["after"]["admin"], name, wanted), result)
+    if folder is not None and wanted == "ready":
+        remove_record(folder, backend, server)
     done = is_up if wanted == "ready" else is_drained
     finished = done(result["after"])
     if module.params["wait"] and wanted != "maint":
@@ -336,6 +266,12 @@ def run(module):
         return dict(result, msg=message + ("; UP after %g s" % result["waited"] if result["waited"] else ""))
     if finished:
         message += "; drained" + (" after %g s" % result["waited"] if result["waited"] else "")
+    elif module.params["shutdown_sessions"]:
+        left = result["after"]["sessions"]
+        command(path, "shutdown sessions server %s" % name)
+        result["after"], finished, _ = wait_for(is_drained, read, 5, 0.1)
+        result["shutdown"] = left
+        message += "; %d session(s) shut down%s" % (left, " after %g s" % result["waited"] if result["waited"] else "")
     else:
         left = "%d session(s) and %d queued left" % (result["after"]["sessions"], result["after"]["queue"])
         message += "; " + left

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from provisioner.cli.common import (
+    INTERRUPTED,
     PROBLEMS_FOUND,
     USAGE_ERROR,
     HostsArgument,
@@ -47,6 +48,9 @@ def apply(
         "--batch", metavar="N|N%", help="With --rolling: hosts per batch after the canary.")] = "1",
     max_fail: Annotated[str, typer.Option(
         "--max-fail", metavar="N|N%", help="With --rolling: hosts that may fail before the rollout stops.")] = "0",
+    min_serving: Annotated[str, typer.Option(
+        "--min-serving", metavar="N|N%", help="With --rolling: replicas each gateway route keeps serving outside a "
+        "batch; a batch that would leave fewer is refused before any drain (0: accept an outage).")] = "1",
 ) -> None:
     """Apply the spec to its hosts (or the HOSTs and GROUPs named): sysctls, nouveau blacklist, /dev/shm,
     NVIDIA settings, vLLM. Every apply keeps a run log; its last line names it."""
@@ -67,11 +71,11 @@ def apply(
     spec = find_spec_or_exit(spec)
     loaded = load_spec_or_exit(spec)
     chosen = [host.name for host in select_or_exit(loaded, hosts)]
-    if not rolling and (batch, max_fail) != ("1", "0"):
-        exit_with(USAGE_ERROR, "--batch and --max-fail say how a rolling apply goes — add --rolling")
+    if not rolling and (batch, max_fail, min_serving) != ("1", "0", "1"):
+        exit_with(USAGE_ERROR, "--batch, --max-fail and --min-serving say how a rolling apply goes — add --rolling")
     controls = Controls(tags=split_tags(tags or []), skip_tags=split_tags(skip_tags or []),
                         extra_vars=tuple(extra_vars or []), verbosity=verbose, forks=forks,
-                        rollout=Rollout(batch=batch, max_fail=max_fail) if rolling else None)
+                        rollout=Rollout(batch=batch, max_fail=max_fail, min_serving=min_serving) if rolling else None)
     try:
         check_apply(loaded, chosen, controls)  # apply_spec checks again; here: before the password prompt
     except (ControlError, AnsibleConfigError) as error:
@@ -103,6 +107,8 @@ def apply(
         exit_with(PROBLEMS_FOUND)
     if as_json:
         typer.echo(json.dumps(summary_json(spec, result, check, log.path, chosen if rolling else None), indent=2))
+    if result.interrupted:
+        exit_with(INTERRUPTED)
     if not result.succeeded:
         exit_with(PROBLEMS_FOUND)
 

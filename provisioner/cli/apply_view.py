@@ -68,23 +68,47 @@ def summary_table(result: ApplyResult, check: bool) -> Table:
     return table
 
 
+# the role rollout's tasks whose failure means the host was not changed (roles/rollout/tasks/start.yml)
+NOT_CHANGED = {"Stop the rollout when earlier batches failed": "not reached: the rollout stopped before its batch",
+               "Check each route keeps enough replicas serving while this batch changes": "refused before any drain"}
+
+
+def host_outcome(result: ApplyResult, host: str) -> str:
+    """A host's true state after a rolling apply: changed, no change, rolled back (what), lost mid-batch,
+    refused or not reached (untouched), interrupted, failed (why)."""
+    turn, stats = result.turns.get(host), result.stats.get(host)
+    problems = [problem for problem in result.problems if problem.host == host]
+    if turn is None:
+        return "not reached: the run was interrupted before its batch" if result.interrupted else \
+            "not reached: the rollout stopped before its batch"
+    for problem in problems:
+        if problem.status == "unreachable":
+            return f"lost mid-batch (unreachable at {problem.label}): {problem.message}"
+        if problem.task in NOT_CHANGED:
+            return f"{NOT_CHANGED[problem.task]}: {problem.message}" if "refused" in NOT_CHANGED[problem.task] \
+                else NOT_CHANGED[problem.task]
+        if "rollback" in problem.task.lower():
+            return f"rolled back: {problem.message}"
+    if stats is None:
+        return "interrupted during its turn"
+    if not stats.succeeded:
+        return "failed" + (f": {problems[0].label}: {problems[0].message}" if problems else "")
+    return f"changed {stats.changed}" if stats.changed else "no change"
+
+
 def rollout_rows(result: ApplyResult, hosts: list[str]) -> list[dict]:
     """What a rolling apply did where, host by host in the order they ran: the batch (1: the canary), its
-    window in seconds since the run started, and the outcome; hosts it never reached are "untouched"."""
-    rows = []
+    window in seconds since the run started, and the host's true state (host_outcome)."""
     def order(host: str) -> tuple:
         turn = result.turns.get(host)
         return (0, turn.batch, turn.started) if turn else (1, 0, 0.0)
 
+    rows = []
     for host in sorted(hosts, key=order):
-        turn, stats = result.turns.get(host), result.stats.get(host)
-        if turn is None or stats is None:
-            rows.append({"host": host, "batch": None, "from": None, "to": None,
-                         "outcome": "untouched: the rollout stopped before its batch"})
-            continue
-        outcome = ("failed" if not stats.succeeded else f"changed {stats.changed}" if stats.changed else "no change")
-        rows.append({"host": host, "batch": turn.batch, "from": round(turn.started, 1), "to": round(turn.ended, 1),
-                     "outcome": outcome})
+        turn = result.turns.get(host)
+        rows.append({"host": host, "batch": turn.batch if turn else None,
+                     "from": round(turn.started, 1) if turn else None, "to": round(turn.ended, 1) if turn else None,
+                     "outcome": redact(host_outcome(result, host))})
     return rows
 
 
@@ -103,6 +127,12 @@ def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str
     out.print(summary_table(result, check))
     if rolled is not None:
         out.print(rollout_table(rollout_rows(result, rolled)))
+        for said in result.recovery:
+            text = said.message if said.status in ("failed", "unreachable") else "; ".join(said.notes)
+            out.print(f"gateway {escape(said.host)}: {escape(redact(text))}")
+    if result.interrupted:
+        out.print("[bold red]interrupted[/] (Ctrl-C): the hosts not reached are unchanged"
+                  + ("; the gateways' drains: above" if result.recovery else ""))
     if result.succeeded:
         return
     for problem in result.problems:
@@ -117,6 +147,9 @@ def summary_json(spec: Path, result: ApplyResult, check: bool, log: Path, rolled
     for a rolling apply, the rollout's rows."""
     return redact_data({
         **({"rollout": rollout_rows(result, rolled)} if rolled is not None else {}),
+        **({"gateways": [{"host": said.host, "status": said.status, "said": said.message or "; ".join(said.notes)}
+                         for said in result.recovery]} if result.recovery else {}),
+        "interrupted": result.interrupted,
         "spec": str(spec),
         "check": check,
         "succeeded": result.succeeded,

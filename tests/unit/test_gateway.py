@@ -175,9 +175,9 @@ def test_the_inventory_puts_the_gateway_host_in_group_gateway_with_its_routes(tm
     assert "gateway_frontends" not in files["host_vars/gpu-a.yml"]
     # what role rollout drains on each replica's host while a rolling apply changes it
     assert files["host_vars/gpu-a.yml"]["rollout_gateway_servers"] == [
-        {"gateway": "edge", "backend": "public-0", "server": "qwen-a"}]
+        {"gateway": "edge", "backend": "public-0", "server": "qwen-a", "model": "Qwen/Qwen3-1.7B-FP8"}]
     assert files["host_vars/gpu-b.yml"]["rollout_gateway_servers"] == [
-        {"gateway": "edge", "backend": "public-0", "server": "qwen-b"}]
+        {"gateway": "edge", "backend": "public-0", "server": "qwen-b", "model": "Qwen/Qwen3-1.7B-FP8"}]
     assert "rollout_gateway_servers" not in files["host_vars/edge.yml"]  # it serves no replica
 
 

@@ -6,7 +6,6 @@ with the messages it promises. Skipped, saying so, where the haproxy binary is m
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -18,27 +17,25 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.module_utils import haproxy_runtime
 from provisioner.paths import COLLECTION, collections_dir
 from tests.doubles.haproxy_gateway import HAPROXY, Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "haproxy"
-spec = importlib.util.spec_from_file_location("haproxy_server", ROOT / "plugins" / "modules" / "haproxy_server.py")
-haproxy_server = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(haproxy_server)
 
 needs_haproxy = pytest.mark.skipif(
     HAPROXY is None, reason="the haproxy binary is missing: apt-get install haproxy (.ci/setup installs it)")
 
 
 def recorded(state: str, server: str) -> dict:
-    stat = haproxy_server.parse_stat((FIXTURES / f"{state}.show-stat.csv").read_text())
-    servers = haproxy_server.parse_servers_state((FIXTURES / f"{state}.show-servers-state.txt").read_text())
-    return haproxy_server.server_state(stat, servers, "public-0", server)
+    stat = haproxy_runtime.parse_stat((FIXTURES / f"{state}.show-stat.csv").read_text())
+    servers = haproxy_runtime.parse_servers_state((FIXTURES / f"{state}.show-servers-state.txt").read_text())
+    return haproxy_runtime.server_state(stat, servers, "public-0", server)
 
 
 def brief(state: dict) -> tuple:
-    return state["admin"], state["status"], state["sessions"], state["queue"], haproxy_server.last_check(state)
+    return state["admin"], state["status"], state["sessions"], state["queue"], haproxy_runtime.last_check(state)
 
 
 # ------------------------------------------------------------------ HAProxy 2.6's answers, recorded
@@ -60,26 +57,26 @@ def test_each_recorded_state_reads_as_haproxy_showed_it(state, chat1, chat2):
 
 
 def test_the_admin_state_comes_from_srv_admin_state_because_status_hides_a_drain_while_down():
-    stat = haproxy_server.parse_stat((FIXTURES / "down-drain.show-stat.csv").read_text())
+    stat = haproxy_runtime.parse_stat((FIXTURES / "down-drain.show-stat.csv").read_text())
     (row,) = [row for row in stat if row["pxname"] == "public-0" and row["svname"] == "chat-2"]
     assert row["status"] == "DOWN"  # nothing in show stat says drained
     assert recorded("down-drain", "chat-2")["admin"] == "drain"  # srv_admin_state 8 (FDRAIN) does
-    assert [haproxy_server.admin_state(bits) for bits in (0, 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x09)] == [
+    assert [haproxy_runtime.admin_state(bits) for bits in (0, 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x09)] == [
         "ready", "maint", "maint", "maint", "drain", "drain", "maint", "ready", "maint"]
 
 
 def test_up_means_full_health_not_up_just_after_maint():
-    assert haproxy_server.is_up(recorded("ready", "chat-1"))
-    assert not haproxy_server.is_up(recorded("ready-after-maint", "chat-1"))  # UP 1/2: no check yet
-    assert not haproxy_server.is_up(recorded("down-503", "chat-2"))
-    assert haproxy_server.is_drained(recorded("drain", "chat-1"))
-    assert not haproxy_server.is_drained(recorded("drain-in-flight", "chat-1"))
+    assert haproxy_runtime.is_up(recorded("ready", "chat-1"))
+    assert not haproxy_runtime.is_up(recorded("ready-after-maint", "chat-1"))  # UP 1/2: no check yet
+    assert not haproxy_runtime.is_up(recorded("down-503", "chat-2"))
+    assert haproxy_runtime.is_drained(recorded("drain", "chat-1"))
+    assert not haproxy_runtime.is_drained(recorded("drain-in-flight", "chat-1"))
 
 
 def test_a_check_under_way_has_a_star_and_no_code():
-    stat = haproxy_server.parse_stat((FIXTURES / "down-503-checking.show-stat.csv").read_text())
-    servers = haproxy_server.parse_servers_state((FIXTURES / "down-503.show-servers-state.txt").read_text())
-    state = haproxy_server.server_state(stat, servers, "public-0", "chat-2")
+    stat = haproxy_runtime.parse_stat((FIXTURES / "down-503-checking.show-stat.csv").read_text())
+    servers = haproxy_runtime.parse_servers_state((FIXTURES / "down-503.show-servers-state.txt").read_text())
+    state = haproxy_runtime.server_state(stat, servers, "public-0", "chat-2")
     assert (state["check_status"], state["check_code"], state["last_check"]) == ("* L7STS", "0", "")
 
 
@@ -87,13 +84,13 @@ def test_unknown_backend_and_server_from_the_recorded_answers():
     answers = json.loads((FIXTURES / "answers.json").read_text())
     assert answers["show servers state public-9"].startswith("Can't find backend")  # what read_server looks for
     assert answers["set server public-0/chat-1 state drain"].strip() == ""  # success: an empty line
-    stat = haproxy_server.parse_stat((FIXTURES / "ready.show-stat.csv").read_text())
-    servers = haproxy_server.parse_servers_state((FIXTURES / "ready.show-servers-state.txt").read_text())
-    with pytest.raises(haproxy_server.Failure) as backend:
-        haproxy_server.server_state(stat, [], "public-9", "chat-1")
+    stat = haproxy_runtime.parse_stat((FIXTURES / "ready.show-stat.csv").read_text())
+    servers = haproxy_runtime.parse_servers_state((FIXTURES / "ready.show-servers-state.txt").read_text())
+    with pytest.raises(haproxy_runtime.Failure) as backend:
+        haproxy_runtime.server_state(stat, [], "public-9", "chat-1")
     assert str(backend.value) == UNKNOWN_BACKEND
-    with pytest.raises(haproxy_server.Failure) as server:
-        haproxy_server.server_state(stat, servers, "public-0", "chat-9")
+    with pytest.raises(haproxy_runtime.Failure) as server:
+        haproxy_runtime.server_state(stat, servers, "public-0", "chat-9")
     assert str(server.value) == UNKNOWN_SERVER
 
 
@@ -109,8 +106,8 @@ UNKNOWN_SERVER = ("HAProxy's backend 'public-0' has no server 'chat-9' (its serv
 class Runner:
     """The module as Ansible runs it: `ansible localhost -m vllm_provision.gpu_host.haproxy_server`."""
 
-    def __init__(self, gateway: Gateway, work: Path):
-        self.gateway, self.work = gateway, work
+    def __init__(self, gateway: Gateway, work: Path, name: str = "haproxy_server"):
+        self.gateway, self.work, self.name = gateway, work, name
         self.env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(work / "collections")),
                     "ANSIBLE_REMOTE_TMP": str(work / "ansible-tmp"), "ANSIBLE_LOCALHOST_WARNING": "false",
                     "ANSIBLE_NOCOLOR": "1"}
@@ -118,11 +115,12 @@ class Runner:
     def __call__(self, *options: str, **args) -> dict:
         tree = self.work / "tree"
         (tree / "localhost").unlink(missing_ok=True)
-        args = {"socket": str(self.gateway.socket), "backend": "public-0", "poll_interval": 0.1, **args}
+        defaults = {"backend": "public-0", "poll_interval": 0.1} if self.name == "haproxy_server" else {}
+        args = {"socket": str(self.gateway.socket), **defaults, **args}
         started = time.monotonic()
         done = subprocess.run(
             [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-e",
-             f"ansible_python_interpreter={sys.executable}", "-t", str(tree), "-m", f"{COLLECTION}.haproxy_server",
+             f"ansible_python_interpreter={sys.executable}", "-t", str(tree), "-m", f"{COLLECTION}.{self.name}",
              "-a", json.dumps(args), *options],
             env=self.env, capture_output=True, text=True, timeout=120)
         return {**json.loads((tree / "localhost").read_text()), "failed": done.returncode != 0,
@@ -149,9 +147,9 @@ def module(gateway, tmp_path) -> Runner:
 
 
 def admin(gateway: Gateway, server: str) -> str:
-    (row,) = [row for row in haproxy_server.parse_servers_state(gateway.query("show servers state public-0"))
+    (row,) = [row for row in haproxy_runtime.parse_servers_state(gateway.query("show servers state public-0"))
               if row["srv_name"] == server]
-    return haproxy_server.admin_state(int(row["srv_admin_state"]))
+    return haproxy_runtime.admin_state(int(row["srv_admin_state"]))
 
 
 @needs_haproxy
@@ -195,9 +193,9 @@ def test_the_drain_wait_ends_within_a_poll_of_the_last_request(gateway):
     drained_at = time.monotonic()
 
     def read():
-        return haproxy_server.read_server(str(gateway.socket), "public-0", "chat-1")
+        return haproxy_runtime.read_server(str(gateway.socket), "public-0", "chat-1")
 
-    state, drained, waited = haproxy_server.wait_for(haproxy_server.is_drained, read, 10, 0.1)
+    state, drained, waited = haproxy_runtime.wait_for(haproxy_runtime.is_drained, read, 10, 0.1)
     ended = time.monotonic()
     slow.join()
     assert drained and state["sessions"] == 0 and slow.status == 200
@@ -294,6 +292,124 @@ def test_with_missing_ignore_a_server_haproxy_lacks_or_a_haproxy_not_running_is_
     assert found["found"] is True and found["changed"] is False
 
 
+# ------------------------------------------------------------------ the drains vllm-provision records
+
+
+@pytest.fixture
+def records(tmp_path) -> Path:
+    return tmp_path / "drains"
+
+
+@needs_haproxy
+def test_a_recorded_drain_is_owned_and_an_operators_drain_is_kept_and_named(gateway, module, records):
+    drained = module(server="chat-1", state="drain", record_dir=str(records), host="gpu1", reason="rollout: gpu1")
+    assert drained["owned"] is True and admin(gateway, "chat-1") == "drain", drained
+    (record,) = haproxy_runtime.read_records(str(records)).values()
+    assert {key: record[key] for key in ("backend", "server", "host", "state", "reason")} == {
+        "backend": "public-0", "server": "chat-1", "host": "gpu1", "state": "drain", "reason": "rollout: gpu1"}
+    again = module(server="chat-1", state="drain", record_dir=str(records))  # an earlier run's drain: still ours
+    assert again["owned"] is True and again["changed"] is False
+
+    gateway.query("set server public-0/chat-2 state drain")  # an operator's, outside the tool
+    kept = module(server="chat-2", state="maint", record_dir=str(records))
+    assert kept["owned"] is False and kept["changed"] is False and admin(gateway, "chat-2") == "drain", kept
+    assert kept["msg"] == "public-0/chat-2: drain, kept: not taken out by vllm-provision (an operator's?)"
+    assert list(haproxy_runtime.read_records(str(records))) == ["public-0/chat-1"]  # not recorded as ours
+
+    back = module(server="chat-1", state="ready", record_dir=str(records))
+    assert back["changed"] is True and admin(gateway, "chat-1") == "ready"
+    assert haproxy_runtime.read_records(str(records)) == {}
+
+
+@needs_haproxy
+def test_a_drain_is_bounded_the_sessions_left_at_its_timeout_are_shut_down(gateway, module, records):
+    gateway.query("set server public-0/chat-2 state drain")  # leastconn then picks chat-1
+    slow = gateway.request("Qwen/Qwen3-1.7B-FP8", sleep=60)
+    while gateway.server_line("public-0", "chat-1")["scur"] != "1":
+        time.sleep(0.02)
+    result = module(server="chat-1", state="drain", timeout=1, shutdown_sessions=True, record_dir=str(records))
+    slow.join(timeout=10)
+    assert not result["failed"] and result["drained"] is True and result["shutdown"] == 1, result
+    assert result["after"]["sessions"] == 0 and result["msg"] == "public-0/chat-1: ready -> drain; 1 session(s) shut down after " + f"{result['waited']:g} s"
+    assert slow.ended is not None and slow.status != 200  # cut by the gateway, not left hanging for 60 s
+
+
+@needs_haproxy
+def test_a_batch_that_would_empty_a_route_is_refused_naming_the_route_and_the_fix(gateway, tmp_path, records):
+    routes = Runner(gateway, tmp_path, "haproxy_routes")
+    both = [{"backend": "public-0", "server": name, "model": "Qwen/Qwen3-1.7B-FP8"} for name in ("chat-1", "chat-2")]
+    refused = routes(out=both, record_dir=str(records))
+    assert refused["failed"] and refused["routes"]["public-0"]["serving"] == [], refused
+    assert refused["msg"] == (
+        "route public-0 (Qwen/Qwen3-1.7B-FP8) would keep 0 of its 2 replicas serving while chat-1, chat-2 change, "
+        "fewer than --min-serving 1 (1) - drain fewer at once (a smaller --batch), bring the others back first, or "
+        "accept the outage with --min-serving 0 (rollout_min_serving)")
+    assert routes("--check", out=both, record_dir=str(records))["failed"]  # check mode refuses as the real run
+    assert not routes(out=both, min_serving="0", record_dir=str(records))["failed"]  # an outage, accepted
+    one = routes(out=both[:1], record_dir=str(records))
+    assert not one["failed"] and one["routes"]["public-0"]["serving"] == ["chat-2"], one
+
+    gateway.query("set server public-0/chat-2 state drain")  # an operator's drain counts as not serving
+    operator = routes(out=both[:1], record_dir=str(records))
+    assert operator["failed"] and operator["others"] == {"public-0/chat-2": "drain"}, operator
+    assert "(the others: chat-2: drain not by vllm-provision: an operator's?)" in operator["msg"]
+    assert routes(out=both[:1], min_serving="50%", record_dir=str(records))["failed"]  # 50% of 2 replicas: 1
+    assert admin(gateway, "chat-1") == "ready"  # nothing changed
+
+
+@needs_haproxy
+def test_recovery_puts_back_ready_replicas_keeps_failing_ones_and_takes_out_lost_hosts(gateway, module, tmp_path, records):
+    drains = Runner(gateway, tmp_path, "haproxy_drains")
+    for server, host in (("chat-1", "gpu1"), ("chat-2", "gpu2"), ("big-1", "gpu3")):
+        backend = "public-1" if server == "big-1" else "public-0"
+        assert module(backend=backend, server=server, state="drain", record_dir=str(records), host=host)["owned"]
+    gateway.stop_replica("chat-2")  # not ready: its check fails
+    gateway.wait_status("public-0", "chat-2", "DOWN")
+
+    predicted = drains("--check", record_dir=str(records), lost=["gpu3"])
+    assert predicted["restored"] == ["public-0/chat-1"] and list(predicted["maintained"]) == ["public-1/big-1"]
+    assert admin(gateway, "chat-1") == "drain"  # check mode sets nothing
+
+    done = drains(record_dir=str(records), lost=["gpu3"])
+    assert done["changed"] and done["restored"] == ["public-0/chat-1"], done
+    assert done["kept"] == {"public-0/chat-2": "drain: its check fails (DOWN, L4CON: Connection refused)"}, done
+    assert list(done["maintained"]) == ["public-1/big-1"]
+    assert [admin(gateway, name) for name in ("chat-1", "chat-2")] == ["ready", "drain"]
+    assert sorted(haproxy_runtime.read_records(str(records))) == ["public-0/chat-2", "public-1/big-1"]
+
+    gateway.start_replica("chat-2")  # ready again; the lost host answers again
+    gateway.wait_status("public-0", "chat-2", "DRAIN")
+    later = drains(record_dir=str(records))
+    assert later["restored"] == ["public-0/chat-2"] and later["kept"] == {
+        "public-1/big-1": "drain: its host answers again: health-checked, no traffic yet"}, later
+    assert drains(record_dir=str(records))["restored"] == ["public-1/big-1"]  # its check passes: back
+    assert haproxy_runtime.read_records(str(records)) == {}
+    assert not drains(record_dir=str(records))["changed"]
+
+
+@needs_haproxy
+def test_recorded_drains_are_set_again_when_haproxy_starts_afresh(gateway, module, records):
+    module(server="chat-1", state="drain", record_dir=str(records), host="gpu1")
+    gateway.haproxy.kill()  # a crash: nothing saved
+    gateway.haproxy.wait()
+    gateway.haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(gateway.folder / "haproxy.cfg")],
+                                       stdout=(gateway.folder / "haproxy.log").open("a"), stderr=subprocess.STDOUT)
+    while not gateway.socket.exists() or admin_or_none(gateway, "chat-1") is None:
+        time.sleep(0.02)
+    assert admin(gateway, "chat-1") == "ready"  # haproxy forgot
+    said = subprocess.run([sys.executable, str(ROOT / "plugins" / "module_utils" / "haproxy_runtime.py"), "reapply",
+                           str(records), str(gateway.socket)], capture_output=True, text=True, timeout=30)
+    assert said.returncode == 0 and said.stdout.startswith("public-0/chat-1: drain again"), said
+    assert admin(gateway, "chat-1") == "drain"
+
+
+def admin_or_none(gateway: Gateway, server: str) -> str | None:
+    try:
+        return admin(gateway, server)
+    except (OSError, haproxy_runtime.Failure, ValueError):
+        return None
+
+
 def test_the_module_documentation_renders(tmp_path):
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections"))}
     name = f"{COLLECTION}.haproxy_server"
@@ -303,5 +419,5 @@ def test_the_module_documentation_renders(tmp_path):
     entry = json.loads(doc.stdout)[name]
     assert entry["doc"]["attributes"]["check_mode"]["support"] == "full"
     assert set(entry["doc"]["options"]) == {"socket", "backend", "server", "state", "wait", "timeout", "poll_interval",
-                                            "missing"}
-    assert set(entry["return"]) == {"before", "after", "found", "drained", "waited", "msg"} and entry["examples"].strip()
+                                            "missing", "shutdown_sessions", "record_dir", "reason", "host"}
+    assert set(entry["return"]) == {"before", "after", "found", "drained", "waited", "owned", "shutdown", "msg"} and entry["examples"].strip()
