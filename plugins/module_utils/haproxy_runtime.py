@@ -242,9 +242,30 @@ def reapply(folder, path):
     return lines
 
 
+def save(state_file, path):
+    """Write `show servers state` to `state_file` (haproxy's server-state-file), whole or not at all."""
+    answer = ask(path, "show servers state")
+    parse_servers_state(answer)  # an answer haproxy could not load again is not written
+    temporary = "%s.%d.tmp" % (state_file, os.getpid())
+    with open(temporary, "w", encoding="utf-8") as stream:
+        stream.write(answer)
+    os.replace(temporary, state_file)
+
+
 def main(argv):
-    """`read FOLDER SOCKET`: the backends and the records as JSON (the audit); `reapply FOLDER SOCKET`."""
+    """`read FOLDER SOCKET`: the backends and the records as JSON (the audit); `reapply FOLDER SOCKET` (haproxy
+    just started); `save STATE_FILE SOCKET` (before a reload or a stop). Role gateway's drop-in runs the last two."""
     action, folder, path = argv[1:4]
+    if action == "save":
+        try:
+            save(folder, path)
+        except (Failure, OSError) as problem:  # haproxy not running (a crash): an older state must not come back
+            print("server state not saved: %s; %s removed" % (problem, folder))
+            try:
+                os.remove(folder)
+            except OSError:
+                pass
+        return 0
     if action == "reapply":
         for _ in range(50):  # haproxy's socket comes up with its first worker
             if os.path.exists(path):

@@ -148,7 +148,7 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "vllm_install": vllm_install_expectations(variables),
         "container_toolkit": container_toolkit_expectations(variables),
         "managed_files": managed_files(variables, plan),
-        "gateway": gateway_expectations() if variables["gateway_frontends"] else None,
+        "gateway": gateway_expectations(variables) if variables["gateway_frontends"] else None,
         "units": [
             unit_expectations(variables, unit, entry)
             for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if not entry["container"]
@@ -160,11 +160,17 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
     }
 
 
-def gateway_expectations() -> dict[str, str]:
-    """Role gateway's service: the states its systemd_service task sets."""
+def gateway_expectations(variables: dict[str, Any]) -> dict[str, Any]:
+    """Role gateway's service: the states its systemd_service task sets; and each replica of each route, which
+    HAProxy should have in rotation and UP (read on the admin socket role rollout drains through)."""
     task = find_task_args("gateway", "systemd_service", lambda args: "enabled" in args)
+    rollout = read_yaml(role_dir("rollout") / "defaults" / "main.yml")
     return {"name": task["name"], "enabled": "enabled" if task["enabled"] else "disabled",
-            "active": "active" if task["state"] == "started" else "inactive"}
+            "active": "active" if task["state"] == "started" else "inactive",
+            "socket": rollout["rollout_haproxy_socket"], "record_dir": rollout["rollout_record_dir"],
+            "servers": [{"backend": route["backend"], "server": server["name"], "model": route["model"]}
+                        for frontend in variables["gateway_frontends"] for route in frontend["routes"]
+                        for server in route["servers"]]}
 
 
 def gpu_expectations(variables: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -111,10 +111,13 @@ def test_check_mode_on_fresh_hosts_changes_nothing_and_predicts_the_run(runs):
     assert runs["disk after check"] == runs["disk before"], "check mode changed files on the gateway host"
     assert runs["installed after check"] != 0, "check mode installed haproxy"
     check, first = gateway_changes(runs["events"]["check"]), gateway_changes(runs["events"]["first"])
-    assert first == ["Install haproxy", "Write haproxy.cfg", "Reload haproxy"]
+    state = ["Install the server state keeper", "Make the drain records' folder and haproxy.service's drop-in folder"]
+    assert first == ["Install haproxy", *state, "Keep the servers' states across reloads and restarts (haproxy.service "
+                     "drop-in)", "Write haproxy.cfg", "Reload haproxy"], (first, check)
     # each change of the real run, said beforehand by its check-mode counterpart
-    assert check == ["Say haproxy would be installed (check mode)", "Say what check mode would write (haproxy would "
-                     "be installed first)", "Say haproxy would be reloaded (check mode)"]
+    assert check == ["Say haproxy would be installed (check mode)", *state, "Say the drop-in would be written (check "
+                     "mode)", "Say what check mode would write (haproxy would be installed first)",
+                     "Say haproxy would be reloaded (check mode)"], (first, check)
     notes = [note for event in runs["events"]["check"] if "gateway" in event.role for note in event.notes]
     assert any("would install haproxy" in note for note in notes), notes
 

@@ -15,8 +15,14 @@ printed), the audit clean after.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import yaml
@@ -248,3 +254,209 @@ def test_a_rolling_upgrade_costs_no_request_and_keeps_the_previous_version(fleet
                                                        if c.status == "failed"]
     per_host = [run.result.turns[host.name].seconds for host in fleet.serving]
     print(f"time per host (a rolling upgrade): {', '.join(f'{seconds:.1f} s' for seconds in per_host)}")
+
+
+RECORDS = "/var/lib/vllm-provision/gateway-drains"  # role rollout's rollout_record_dir on the gateway host
+
+
+def gateway_admin(fleet: Fleet) -> dict[str, str]:
+    """Each replica's administrative state at the gateway (HAProxy's `show servers state`), by server."""
+    text = fleet.edge.ssh("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+                          "s.connect('/run/haproxy/admin.sock'); s.sendall(b'show servers state\\n'); "
+                          "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())\"").stdout
+    rows = [line.split() for line in text.splitlines()[2:] if line.strip() and not line.startswith("#")]
+    bits = {"0": "ready", "8": "drain", "1": "maint"}
+    return {row[3]: bits.get(row[6], row[6]) for row in rows if row[1].startswith("public-")}
+
+
+def test_a_batch_that_would_empty_a_route_is_refused_before_any_drain(fleet, upgrade):
+    """All three replicas in one batch (canary 3): the route would keep none serving; refused, nothing drained."""
+    spec = fleet.spec
+    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16) as load:
+        time.sleep(2)
+        result = apply_spec(load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(canary=3)))
+        time.sleep(2)
+        report = load.stop()
+    print(f"\n(refused) a batch holding every replica of the route\n{report.text()}")
+    assert not result.succeeded
+    refusals = {problem.host: problem.message for problem in result.problems}
+    assert set(refusals) == {host.name for host in fleet.serving}, refusals
+    assert all(message.startswith("route public-0 (") and "would keep 0 of its 3 replicas serving" in message
+               and "--min-serving 0" in message for message in refusals.values()), refusals
+    assert report.failed_total == 0 and report.ok > 0, report.text()
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}  # nothing was drained
+    assert fleet.edge.ssh(f"ls {RECORDS}").stdout.split() == []
+
+
+def test_an_interrupted_rollout_puts_its_drain_back_and_says_so(fleet, upgrade, tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) once the canary is drained: apply exits 130,
+    the gateway puts the drained replica back (it still serves its old config) and the run says so; the
+    next rolling apply converges, and the audit has every replica in rotation."""
+    spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 80})
+    path = fleet.write(spec)
+    provision = Path(sys.executable).with_name("provision")
+    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16) as load:
+        time.sleep(2)
+        process = subprocess.Popen([str(provision), "apply", "--rolling", "--spec", str(path)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while "drain" not in gateway_admin(fleet).values():
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()[0]
+            time.sleep(0.2)
+        load.mark("SIGINT")
+        os.killpg(process.pid, signal.SIGINT)
+        output = process.communicate(timeout=300)[0]
+        load.mark("apply exited")
+        time.sleep(STARTUP_S + 3)
+        report = load.stop()
+    print(f"\n(interrupted) SIGINT once the canary was drained: exit {process.returncode}\n{output[-3000:]}\n"
+          f"{report.text()}")
+    assert process.returncode == 130, output
+    assert "gateway " in output and ("put back public-0/chat-0" in output or "kept out: public-0/chat-0" in output), output
+    assert report.failed_total == 0, report.text()
+    if "kept out: public-0/chat-0" in output:  # interrupted while it restarted: the next run puts it back
+        assert gateway_admin(fleet)["chat-0"] == "drain"
+    else:
+        assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
+        assert fleet.edge.ssh(f"ls {RECORDS}").stdout.split() == []
+
+    rerun = run_under_load(fleet, spec, Rollout(batch="1"))
+    print(f"\n(interrupted) the next rolling apply\n{rerun.timeline(fleet)}")
+    assert rerun.result.succeeded, [(p.host, p.label, p.message) for p in rerun.result.problems]
+    assert rerun.report.failed_total == 0, rerun.timeline(fleet)
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
+    assert audit_failures(fleet) == clean(fleet)
+
+
+def test_the_audit_names_a_replica_left_out_of_rotation(fleet, upgrade):
+    """A drain left at the gateway (an operator's here) fails the replica's row with expected vs actual; the
+    next apply keeps an operator's drain (it is theirs) and says so."""
+    fleet.edge.ssh("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock');"
+                   " s.sendall(b'set server public-0/chat-1 state drain\\n'); s.recv(100)\"")
+    try:
+        failures = audit_failures(fleet)
+        assert failures[fleet.edge.name] == {
+            f"gateway public-0/chat-1 ({MODEL})": ("ready, UP", "drain (not by vllm-provision), DRAIN")}, failures
+    finally:
+        fleet.edge.ssh("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock');"
+                       " s.sendall(b'set server public-0/chat-1 state ready\\n'); s.recv(100)\"")
+
+
+class GatewayWatch:
+    """The gateway's view of the replicas (gateway_admin), read every POLL_S from the bastion in a thread of
+    its own: [(wall clock, {server: admin state})], to say what the gateway did at each moment of a run."""
+
+    POLL_S = 0.3
+
+    def __init__(self, fleet: Fleet):
+        self.fleet, self.samples, self._stop = fleet, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.time(), gateway_admin(self.fleet)))
+            except Exception:  # noqa: BLE001 (haproxy restarting: no answer for a moment)
+                self.samples.append((time.time(), {}))
+            self._stop.wait(self.POLL_S)
+
+    def __enter__(self) -> GatewayWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def at(self, moment: float) -> dict[str, str]:
+        """The last complete view read before `moment`."""
+        views = [view for at, view in self.samples if at <= moment and view]
+        return views[-1] if views else {}
+
+    def wait(self, server: str, state: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.samples and self.samples[-1][1].get(server) == state):
+            assert time.monotonic() < deadline, f"{server} not {state} within {timeout} s: {self.samples[-3:]}"
+            time.sleep(0.1)
+
+
+def unit_stops(host, instance: str, since: float) -> list[float]:
+    """The wall clock of each `Stopping vllm-INSTANCE.service` in the host's journal since `since`."""
+    unit = f"vllm-{instance}.service"
+    text = host.ssh(f"journalctl --unit {unit} --since @{int(since)} --output short-unix --no-pager "
+                    f"| grep -F 'Stopping {unit}' || true").stdout
+    return [float(line.split()[0]) for line in text.splitlines() if line.strip()]
+
+
+def test_a_gateway_that_restarts_mid_batch_gets_the_drain_back_before_the_replica_restarts(fleet, upgrade):
+    """haproxy killed (a crash: nothing saved) once the canary is drained; systemd starts it again with every
+    server in rotation, and the recorded drain is set again: the canary's unit stops only while drained."""
+    spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 72})
+    canary = fleet.serving[0]
+    with GatewayWatch(fleet) as watch:
+        with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16) as load:
+            time.sleep(2)
+            outcome = {}
+            worker = threading.Thread(target=lambda: outcome.update(result=apply_spec(
+                load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(batch="1")))))
+            started = time.time()
+            worker.start()
+            watch.wait("chat-0", "drain")
+            load.mark("gateway crash")
+            fleet.edge.ssh("systemctl kill --signal=SIGKILL haproxy.service")
+            worker.join(timeout=600)
+            time.sleep(STARTUP_S + 3)
+            report = load.stop()
+    result = outcome["result"]
+    stops = unit_stops(canary, "chat-0", started - 1)
+    print(f"\n(gateway crash) haproxy killed once chat-0 was drained\n{report.text()}\n"
+          + "\n".join(f"  chat-0 stopping at {stop - started:.1f} s: the gateway had {watch.at(stop)}" for stop in stops))
+    assert result.succeeded, [(p.host, p.label, p.message) for p in result.problems]
+    assert stops, "the canary's unit was not restarted"
+    assert all(watch.at(stop).get("chat-0") == "drain" for stop in stops), [watch.at(stop) for stop in stops]
+    restarts = fleet.edge.ssh("systemctl show haproxy.service -p NRestarts --value").stdout.strip()
+    assert restarts != "0", "haproxy was not restarted by systemd"
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
+    assert audit_failures(fleet) == clean(fleet)
+
+
+def test_a_host_lost_mid_batch_is_named_and_taken_out_and_the_others_keep_serving(lab, fleet, upgrade):
+    """The second host powered off once drained (its turn): the run stops within bounds naming it lost, the
+    others serve on, its server goes to maintenance; back on, the next rolling apply puts it back."""
+    spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 64})
+    lost = fleet.serving[1]
+    with GatewayWatch(fleet) as watch:
+        with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=600, max_tokens=16) as load:
+            time.sleep(2)
+            outcome = {}
+            worker = threading.Thread(target=lambda: outcome.update(result=apply_spec(
+                load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(batch="1")))))
+            started = time.time()
+            worker.start()
+            watch.wait("chat-1", "drain", timeout=300)
+            load.mark(f"{lost.name} powered off")
+            lab.power_off(lost)
+            cut = time.time()
+            worker.join(timeout=600)
+            ended = time.time()
+            load.mark("apply exited")
+            time.sleep(3)
+            report = load.stop()
+    result = outcome["result"]
+    print(f"\n(lost host) {lost.name} powered off mid-batch; the apply ended {ended - cut:.1f} s later\n{report.text()}")
+    assert not result.succeeded
+    assert result.lost == [lost.name], result.stats
+    assert ended - cut < 120, "the lost host held the run"
+    assert report.failed_total == 0, report.text()  # drained before the power went
+    said = " ".join(note for task in result.recovery for note in task.notes)
+    assert f"maintenance for public-0/chat-1 (host lost)" in said, said
+    assert gateway_admin(fleet)["chat-1"] == "maint"
+    assert fleet.serving[2].name not in result.turns  # not reached
+
+    lab.power_on(lost)
+    rerun = run_under_load(fleet, spec, Rollout(batch="1"))
+    print(f"\n(lost host) back on; the next rolling apply\n{rerun.timeline(fleet)}")
+    assert rerun.result.succeeded, [(p.host, p.label, p.message) for p in rerun.result.problems]
+    assert rerun.report.failed_total == 0, rerun.timeline(fleet)
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
+    assert audit_failures(fleet) == clean(fleet)

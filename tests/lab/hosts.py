@@ -351,6 +351,11 @@ class Lab:
                 host.supervisor.wait(timeout=10)
         _kill_cgroup(host.cgroup)
 
+    def power_on(self, host: TestHost, timeout: float = 60) -> float:
+        """Boot a host that power_off stopped, its disk as it was; return the seconds until SSH answers."""
+        self._power_on(host)
+        return host.wait_for_ssh(timeout)
+
     def destroy(self, host: TestHost) -> None:
         """Power a host off and remove its disk and cgroups."""
         self.power_off(host)

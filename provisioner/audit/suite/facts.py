@@ -31,6 +31,8 @@ READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' ow
 PROBE_TIMEOUT_S = 10
 # the sysctl.d files as JSON, read on the host by the same code the role's module runs (read_tree)
 SYSCTL_READER = module_utils_file("sysctl_files")
+# HAProxy's routes and the drains vllm-provision recorded, read on the gateway host by the modules' own code
+HAPROXY_READER = module_utils_file("haproxy_runtime")
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 BOOT_UNIT_STATE = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Result", "ExecMainStatus",
                    "ExecMainExitTimestamp")
@@ -129,6 +131,8 @@ class HostFacts:
     gpu_problem: str | None = None  # why they could not be read
     gpu_boot_unit: dict[str, str] | None = None  # `systemctl show` of the nvidia_gpu role's boot unit
     gateway: dict[str, str] | None = None  # `systemctl show` of role gateway's haproxy.service
+    # HAPROXY_READER's answer: {backends: {backend: {server: state}}, records: {BACKEND/SERVER: record}} or {error}
+    gateway_routes: dict[str, Any] | None = None
     # MONITORING_PROBE's answer: {exporter: {answers, nvsmi_up, nvsmi_age_s} or {error}, prometheus: {targets} or {error}}
     monitoring: dict[str, Any] | None = None
     monitoring_problem: str | None = None  # why the probe gave no answer
@@ -215,6 +219,8 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     if expected.get("gateway"):
         commands["gateway"] = (f"systemctl show {shlex.quote(expected['gateway']['name'])}"
                                " --property=LoadState,UnitFileState,ActiveState")
+        commands["gateway_routes"] = shlex.join(["python3", "-c", HAPROXY_READER.read_text(), "read",
+                                                 expected["gateway"]["record_dir"], expected["gateway"]["socket"]])
     if expected.get("monitoring"):
         urls = [expected["monitoring"]["exporter"]["url"]] + (
             [expected["monitoring"]["prometheus"]["url"]] if expected["monitoring"].get("prometheus") else [])
@@ -359,6 +365,9 @@ def parse_facts(expected: dict[str, Any], out: dict[str, Output]) -> HostFacts:
         facts.gpu_boot_unit = dict(line.split("=", 1) for line in out["gpu_boot_unit"].text.splitlines() if "=" in line)
     if "gateway" in out:
         facts.gateway = dict(line.split("=", 1) for line in out["gateway"].text.splitlines() if "=" in line)
+    if "gateway_routes" in out:
+        answer, problem = json_answer(out["gateway_routes"], dict)
+        facts.gateway_routes = answer if answer is not None else {"error": problem}
     if "monitoring" in out:
         facts.monitoring, facts.monitoring_problem = json_answer(out["monitoring"], dict)
     if "driver_release" in out:

@@ -32,3 +32,38 @@ def test_gateway_active(case, facts, audit):
     """
     unit, shown = case.item, facts.gateway or {}
     audit.expect(f"{unit['name']}: active", unit["active"], shown.get("ActiveState") or UNSET)
+
+
+replicas = each(lambda expected: (expected.get("gateway") or {}).get("servers") or [],
+                ids=lambda server: f"{server['backend']}-{server['server']}")
+
+
+def gateway_view(state: dict, record: dict | None) -> str:
+    """What HAProxy does with a replica, in a few words: `ready, UP`; `drain (by vllm-provision: rollout: gpu1
+    changes), UP`; `maint (not by vllm-provision), MAINT`; `ready, DOWN (L4CON: Connection refused)`."""
+    from provisioner.module_utils import haproxy_runtime
+
+    admin = state["admin"]
+    if admin != "ready":
+        admin += f" (by vllm-provision: {record.get('reason', '')})" if record else " (not by vllm-provision)"
+    status = state["status"] if haproxy_runtime.is_up(state) or state["admin"] == "maint" else \
+        f"{state['status']} ({haproxy_runtime.last_check(state)})"
+    return f"{admin}, {status}" + (", weight 0" if state["weight"] == 0 else "")
+
+
+@replicas
+def test_gateway_replica_in_rotation(case, facts, audit):
+    """`gateway BACKEND/SERVER (MODEL)` — the gateway's view of each replica of each route (HAProxy's `show stat` and `show servers state` on its admin socket, and the drains vllm-provision recorded) against `ready, UP`: a replica drained (by a rollout that failed or was interrupted, or by an operator), in maintenance or failing its health check serves no client.
+
+    Modes: spec.
+    """
+    server = case.item
+    name = f"{server['backend']}/{server['server']}"
+    check = f"gateway {name} ({server['model']})"
+    routes = facts.gateway_routes or {"error": "not read"}
+    if "error" in routes:
+        audit.expect(check, "ready, UP", f"unknown: {routes['error']}", passed=False)
+    state = routes["backends"].get(server["backend"], {}).get(server["server"])
+    if state is None:
+        audit.expect(check, "ready, UP", "not in the running haproxy (reload it: provision apply)", passed=False)
+    audit.expect(check, "ready, UP", gateway_view(state, routes["records"].get(name)))
