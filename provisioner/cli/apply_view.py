@@ -137,7 +137,7 @@ def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str
         return
     for problem in result.problems:
         out.print(f"[bold red]{problem.host}[/]: {escape(problem.label)}: {escape(redact(problem.message))}")
-    if not result.stats:
+    if not result.stats and not result.interrupted:
         out.print(f"[bold red]ansible-playbook exited {result.rc} before running any task:[/]")
         out.print(redact(result.output_tail), markup=False)
 
