@@ -124,7 +124,8 @@ def rollout_table(rows: list[dict]) -> Table:
 
 def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str] | None = None) -> None:
     """The per-host table (and, for a rolling apply over `rolled`, what was done where), then the problems."""
-    out.print(summary_table(result, check))
+    if result.stats or not result.interrupted:  # Ctrl-C: Ansible stops before it counts
+        out.print(summary_table(result, check))
     if rolled is not None:
         out.print(rollout_table(rollout_rows(result, rolled)))
         for said in result.recovery:

@@ -46,8 +46,9 @@ def gateway_view(state: dict, record: dict | None) -> str:
     admin = state["admin"]
     if admin != "ready":
         admin += f" (by vllm-provision: {record.get('reason', '')})" if record else " (not by vllm-provision)"
-    status = state["status"] if haproxy_runtime.is_up(state) or state["admin"] == "maint" else \
-        f"{state['status']} ({haproxy_runtime.last_check(state)})"
+    # the check's words where it fails (DRAIN and MAINT say the admin state, not the health)
+    healthy = haproxy_runtime.is_up(state) or state["status"] in ("DRAIN", "MAINT")
+    status = state["status"] if healthy else f"{state['status']} ({haproxy_runtime.last_check(state)})"
     return f"{admin}, {status}" + (", weight 0" if state["weight"] == 0 else "")
 
 
