@@ -1,8 +1,11 @@
-"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions
-(the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
-token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
-options, CUDA environment), /metrics (vLLM's names, driven by the load: standin_metrics.py). Like vLLM,
---api-key / VLLM_API_KEY guard /v1, not /health.
+"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions and
+/v1/chat/completions (the served model name only, else vLLM's 404; a chat with no list of messages: vLLM's
+400; with "stream": true, Server-Sent Events as vLLM sends them: a chat's opening chunk of role and empty
+content, one chunk per token, a usage chunk when stream_options.include_usage, then [DONE]; the bodies,
+keys in vLLM's order, in standin_openai.py, held to vLLM's answers by tests/unit/test_standin_chat.py),
+/standin/process (argv, parsed options, CUDA environment), /metrics (vLLM's names, driven by the load:
+standin_metrics.py). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health. Chat and completions go
+the same way through the latency model, the metrics and the shutdown below.
 Timing, so that `vllm bench serve` measures something: the TEST DOUBLE vllm/standin_latency.py, a
 scheduler stepping as vLLM's: STANDIN_TTFT_MS before a request is scheduled, STANDIN_TPOT_MS a batch-1
 step, at most --max-num-seqs requests generating at once (the rest wait), prompts in chunks of
