@@ -116,7 +116,8 @@ def test_unstreamed_completions_and_the_with_block(tmp_path):
 
 
 def test_bad_arguments_are_refused():
-    for arguments in ({"url": "127.0.0.1:8000"}, {"rate": 0}, {"duration": 0}, {"timeout": -1}):
+    for arguments in ({"url": "127.0.0.1:8000"}, {"rate": 0}, {"duration": 0}, {"timeout": -1}, {"chat": 1.5},
+                      {"stream": 2}):
         with pytest.raises(ValueError):
             Load(**{"url": "http://127.0.0.1:1", "model": MODEL, "api_key": None, **arguments})
 
