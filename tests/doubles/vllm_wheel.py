@@ -73,8 +73,10 @@ def shared_folder(version: str, broken: bool = False) -> str:
     folder of its own source, so none installs a wheel another checkout wrote over its own (a lab of a
     checkout without /v1/chat/completions once replaced the wheel of one with it between build and install)."""
     digest = hashlib.sha256()
-    for path in [*sorted(PACKAGE.rglob("*.py")), CATALOGS / f"vllm-{version.split('+')[0]}.json"]:
-        digest.update(path.relative_to(PACKAGE.parents[3]).as_posix().encode() + b"\0" + path.read_bytes())
+    catalog = CATALOGS / f"vllm-{version.split('+')[0]}.json"
+    for name, path in [*((p.relative_to(PACKAGE).as_posix(), p) for p in sorted(PACKAGE.rglob("*.py"))),
+                       (catalog.name, catalog)]:
+        digest.update(name.encode() + b"\0" + path.read_bytes())
     return f"standin-wheelhouse-{version}-{digest.hexdigest()[:12]}" + (BROKEN if broken else "")
 
 

@@ -88,7 +88,7 @@ def test_a_broken_wheel_has_a_wheelhouse_of_its_own(tmp_path):
 
 def test_the_shared_wheelhouse_is_keyed_on_the_stand_ins_source(tmp_path, monkeypatch):
     """Labs of two checkouts side by side: a stand-in whose source differs builds into another folder."""
-    package = tmp_path / "tests" / "doubles" / "vllm_package" / "vllm"
+    package = tmp_path / "vllm"
     shutil.copytree(vllm_wheel.PACKAGE, package)
     monkeypatch.setattr(vllm_wheel, "PACKAGE", package)
     first = shared_folder(VERSION)
