@@ -19,7 +19,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent / "vllm_package" / "vllm"
 CATALOGS = Path(__file__).resolve().parents[2] / "provisioner" / "vllm" / "catalogs"
 SERVER = "vllm/entrypoints/cli/standin_server.py"
-BROKEN = "-broken"  # how a broken wheel's wheelhouse folder ends: standin-wheelhouse-<version>-broken
+BROKEN = "-broken"  # how a broken wheel's wheelhouse folder ends: standin-wheelhouse-<version>-<key>-broken
 
 
 def build_standin_wheel(version: str, wheelhouse: Path, fails_at_start: str | None = None) -> Path:
@@ -64,6 +64,20 @@ def build_standin_wheel(version: str, wheelhouse: Path, fails_at_start: str | No
             archive.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data)
     os.replace(partial, wheel)
     return wheel
+
+
+def shared_folder(version: str, broken: bool = False) -> str:
+    """The name of the shared cache's wheelhouse for this checkout's stand-in vllm==version (broken or not):
+    `standin-wheelhouse-<version>-<key>[-broken]`, the key a digest of the stand-in's source and the
+    version's catalog. Labs of several checkouts run side by side on one machine: each builds into the
+    folder of its own source, so none installs a wheel another checkout wrote over its own (a lab of a
+    checkout without /v1/chat/completions once replaced the wheel of one with it between build and install)."""
+    digest = hashlib.sha256()
+    catalog = CATALOGS / f"vllm-{version.split('+')[0]}.json"
+    for name, path in [*((p.relative_to(PACKAGE).as_posix(), p) for p in sorted(PACKAGE.rglob("*.py"))),
+                       (catalog.name, catalog)]:
+        digest.update(name.encode() + b"\0" + path.read_bytes())
+    return f"standin-wheelhouse-{version}-{digest.hexdigest()[:12]}" + (BROKEN if broken else "")
 
 
 def _digest(data: bytes) -> str:

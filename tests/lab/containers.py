@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from provisioner.paths import role_dir
-from tests.doubles.vllm_wheel import build_standin_wheel
+from tests.doubles.vllm_wheel import build_standin_wheel, shared_folder
 from tests.lab.hosts import HostKind, TestHost
 from tests.lab.rootfs import PACKAGES, cache_dir, cache_lock, mmdebstrap
 
@@ -105,7 +105,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 def standin_image_archive(version: str = "0.25.0") -> tuple[Path, str]:
     """(the cached `docker save` archive of the stand-in image, its name:tag)."""
     reference = f"{IMAGE_NAME}:{version}"
-    wheel = build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}")
+    wheel = build_standin_wheel(version, cache_dir() / shared_folder(version))
     key = hashlib.sha256(b"%d\n" % IMAGE_RECIPE + wheel.read_bytes()).hexdigest()[:16]
     archive = cache_dir() / f"standin-image-{version}-{key}.tar"
     with cache_lock(archive.name):

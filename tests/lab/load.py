@@ -1,25 +1,32 @@
-"""A steady, bounded load from the bastion (the test process): completions sent at a fixed rate to an
-OpenAI-compatible server (a gateway, or one vLLM), each request's outcome counted, for tests that prove a
-change costs no client request (rolling restarts behind a gateway).
+"""A steady, bounded load from the bastion (the test process): completions and chat completions sent at a
+fixed rate to an OpenAI-compatible server (a gateway, or one vLLM), each request's outcome counted, for
+tests that prove a change costs no client request (rolling restarts behind a gateway).
 
     with Load(f"http://{gateway.address}:8080", MODEL, KEY, rate=20, duration=300) as load:
         ...                              # restart the hosts one by one
         load.mark("gpu-a: restart")      # a labelled moment, shown on the timeline
     report = load.report()
     assert report.failed_total == 0, report.text()
+    report.kinds                         # {"chat": Tally(ok=N, failed=0), "completions": Tally(ok=M, failed=0)}
 
 Open loop: a request every 1/rate s whatever the server does, each in a worker of its own (a bounded
 pool, large enough for `rate` requests a second that each take up to `timeout`), so a slow or stopped
-server shows as failed requests, never as a lower rate. `POST {url}/v1/completions` with `{"model",
-"prompt", "max_tokens", "stream"}` and `Authorization: Bearer KEY`, one connection a request.
+server shows as failed requests, never as a lower rate. One connection a request, with `Authorization:
+Bearer KEY`: `POST {url}/v1/completions` with `{"model", "prompt", "max_tokens", "stream"}`, or (the
+share `chat`, default 0.5) `POST {url}/v1/chat/completions` with `{"model", "messages": [{"role": "user",
+"content": prompt}], "max_tokens", "stream"}`. `stream`: True (every request streamed, the default),
+False, or the share streamed (0.5: half of each kind). The kinds and the streamed ones are spread evenly
+over the requests in the order sent (chat 0.5: every other one), so a count of requests has a known mix.
 
 Bounded: sending ends at `stop()`, at the end of the `with` block, or `duration` s after `start()`
 (a safety bound: a test that fails before it stops the load leaves no load running); a request in flight
 ends within its `timeout`.
 
 Outcomes: `ok` is HTTP 200 and, for a stream, `data: [DONE]` seen after a finish_reason other than
-"abort" and every token (max_tokens text chunks, one a token as vLLM streams them, unless the model
-stopped on its own: finish_reason "stop"). A failure has a kind:
+"abort" and every token (max_tokens chunks with text, one a token as vLLM streams them: a completion's
+`text`, a chat's `delta.content`, not counting the chat's opening chunk of role and empty content;
+unless the model stopped on its own: finish_reason "stop"); unstreamed, a finish_reason other than
+"abort" and, for a chat, a `choices[0].message.content` string and a finish_reason. A failure has a kind:
   refused       the connection was refused (nothing listens: a stopped server)
   closed        the connection closed before the status line
   reset         the connection reset before the status line
@@ -28,7 +35,8 @@ stopped on its own: finish_reason "stop"). A failure has a kind:
   truncated     the stream ended without [DONE] (the connection dropped mid-stream)
   short         [DONE] after fewer tokens than max_tokens, finish_reason "length"
   stream error  an error event in the stream
-  bad answer    a 200 whose body is not what vLLM sends
+  bad answer    a 200 whose body is not what vLLM sends (a chat answer without message.content or
+                finish_reason)
   timeout       no end within `timeout` s of sending
   error NAME    another exception (its class name)
   bastion busy  no free worker when the request was due (the load's own limit, never the server's)
@@ -49,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 OK = "ok"
+COMPLETIONS, CHAT = "completions", "chat"  # the kinds of request
 EXAMPLES = 5  # failed requests the report's text describes one by one
 
 
@@ -62,6 +71,16 @@ class Request:
     detail: str = ""  # what the failure showed (an error, a status's body, how far a stream got)
     tokens: int = 0  # text chunks streamed
     status: int | None = None
+    kind: str = COMPLETIONS  # or CHAT
+    streamed: bool = True
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The ended requests of one kind: how many were ok, how many failed."""
+
+    ok: int = 0
+    failed: int = 0
 
 
 @dataclass
@@ -92,8 +111,9 @@ class Report:
     marks: list[tuple[float, str]]
     sent: int = field(init=False)
     ok: int = field(init=False)
-    failed: dict[str, int] = field(init=False)  # kind → count
+    failed: dict[str, int] = field(init=False)  # kind of failure → count
     seconds: list[Second] = field(init=False)
+    kinds: dict[str, Tally] = field(init=False)  # kind of request (COMPLETIONS, CHAT) → its ended requests
 
     def __post_init__(self):
         failed: dict[str, int] = {}
@@ -104,6 +124,11 @@ class Report:
         object.__setattr__(self, "ok", len(self.requests) - sum(failed.values()))
         object.__setattr__(self, "failed", dict(sorted(failed.items())))
         object.__setattr__(self, "seconds", self._timeline())
+        kinds: dict[str, Tally] = {}
+        for request in self.requests:
+            tally = kinds.get(request.kind, Tally())
+            kinds[request.kind] = Tally(tally.ok + (request.outcome == OK), tally.failed + (request.outcome != OK))
+        object.__setattr__(self, "kinds", dict(sorted(kinds.items())))
 
     @property
     def failed_total(self) -> int:
@@ -126,9 +151,11 @@ class Report:
         kinds = ", ".join(f"{kind} {count}" for kind, count in self.failed.items())
         took = sorted(request.ended_s - request.sent_s for request in self.requests if request.outcome == OK)
         latency = f"; ok in {took[len(took) // 2]:.2f} s (median), {took[-1]:.2f} s (max)" if took else ""
+        mix = "; ".join(f"{kind} {tally.ok} ok, {tally.failed} failed" for kind, tally in self.kinds.items())
         return (f"load {self.rate:g}/s for {self.sending_s:.1f} s: {self.sent} sent, {self.ok} ok, "
                 f"{self.failed_total} failed" + (f" ({kinds})" if kinds else "")
-                + (f", {self.in_flight} in flight" if self.in_flight else "") + latency)
+                + (f", {self.in_flight} in flight" if self.in_flight else "")
+                + (f" [{mix}]" if set(self.kinds) - {COMPLETIONS} else "") + latency)
 
     def lines(self) -> list[str]:
         """The summary, one line a second (marks inline), then the first failed requests."""
@@ -145,21 +172,30 @@ class Report:
 
 
 class Load:
-    """A steady load of completions (see the module's docstring); start() or `with`, then stop()."""
+    """A steady load of completions and chat completions (see the module's docstring); start() or `with`,
+    then stop()."""
 
     def __init__(self, url: str, model: str, api_key: str | None, rate: float = 20.0, duration: float | None = None,
-                 max_tokens: int = 16, stream: bool = True, timeout: float = 30, prompt: str = "ping"):
+                 max_tokens: int = 16, stream: bool | float = True, timeout: float = 30, prompt: str = "ping",
+                 chat: float = 0.5):
         address = urllib.parse.urlsplit(url)
         if address.scheme not in ("http", "https") or not address.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         if rate <= 0 or timeout <= 0 or (duration is not None and duration <= 0):
             raise ValueError("rate, timeout and duration must be positive")
+        if not (0 <= chat <= 1 and 0 <= stream <= 1):
+            raise ValueError("chat and stream (a share) must be between 0 and 1")
         self.url, self.rate, self.duration, self.timeout = url, rate, duration, timeout
-        self.max_tokens, self.stream = max_tokens, stream
+        self.max_tokens, self.stream, self.chat = max_tokens, float(stream), chat
         self._connection = http.client.HTTPSConnection if address.scheme == "https" else http.client.HTTPConnection
         self._host, self._port = address.hostname, address.port
-        self._path = address.path.rstrip("/") + "/v1/completions"
-        self._body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).encode()
+        base = address.path.rstrip("/")
+        self._paths = {COMPLETIONS: base + "/v1/completions", CHAT: base + "/v1/chat/completions"}
+        asked = {COMPLETIONS: {"prompt": prompt}, CHAT: {"messages": [{"role": "user", "content": prompt}]}}
+        self._bodies = {(kind, streamed): json.dumps({"model": model, **asked[kind], "max_tokens": max_tokens,
+                                                      "stream": streamed}).encode()
+                        for kind in asked for streamed in (False, True)}
+        self._sent_of_kind = {COMPLETIONS: 0, CHAT: 0}
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         # every request ends within `timeout` (+ a little): so many at once at the most
         self.workers = math.ceil(rate * (timeout + 1)) + 2
@@ -255,17 +291,19 @@ class Load:
                 if self._stopping.wait(max(0.0, self._t0 + due - time.monotonic())):
                     break
                 sent = time.monotonic() - self._t0
+                kind, streamed = self._pick(index)
                 if not self._slots.acquire(blocking=False):
-                    self._record(index, Request(sent, sent, "bastion busy", f"{self.workers} requests in flight"))
+                    self._record(index, Request(sent, sent, "bastion busy", f"{self.workers} requests in flight",
+                                                kind=kind, streamed=streamed))
                 else:
                     with self._changed:
                         self._in_flight += 1
                     try:
-                        self._pool.submit(self._one, index, sent)
+                        self._pool.submit(self._one, index, sent, kind, streamed)
                     except RuntimeError:  # the interpreter is exiting
                         self._slots.release()
-                        self._record(index, Request(sent, sent, "bastion busy", "the interpreter is exiting"),
-                                     in_flight=True)
+                        self._record(index, Request(sent, sent, "bastion busy", "the interpreter is exiting",
+                                                    kind=kind, streamed=streamed), in_flight=True)
                         break
                 index += 1
         finally:
@@ -274,35 +312,42 @@ class Load:
                 self._changed.notify_all()
             self._pool.shutdown(wait=False)  # the workers end with the last request
 
+    def _pick(self, index: int) -> tuple[str, bool]:
+        """Request `index`'s kind and whether it streams: the shares spread evenly, the streamed ones over
+        each kind's own requests (so that chat 0.5 and stream 0.5 stream half of each kind)."""
+        kind = CHAT if evenly(index, self.chat) else COMPLETIONS
+        of_kind = self._sent_of_kind[kind]
+        self._sent_of_kind[kind] += 1
+        return kind, evenly(of_kind, self.stream)
+
     def _record(self, index: int, request: Request, in_flight: bool = False) -> None:
         with self._changed:
             self._ended.append((index, request))
             self._in_flight -= in_flight
             self._changed.notify_all()
 
-    def _one(self, index: int, sent: float) -> None:
+    def _one(self, index: int, sent: float, kind: str, streamed: bool) -> None:
         try:
-            outcome, detail, tokens, status = self._request(self._t0 + sent + self.timeout)
+            outcome, detail, tokens, status = self._request(kind, streamed, self._t0 + sent + self.timeout)
         except Exception as error:  # noqa: BLE001 - counted, never lost in a worker
             outcome, detail, tokens, status = f"error {type(error).__name__}", str(error)[:200], 0, None
         finally:
             self._slots.release()
         ended = time.monotonic() - self._t0
-        self._record(index, Request(sent, ended, outcome, detail, tokens, status), in_flight=True)
+        self._record(index, Request(sent, ended, outcome, detail, tokens, status, kind, streamed), in_flight=True)
 
-    def _request(self, deadline: float) -> tuple[str, str, int, int | None]:
-        """One completion: (outcome, detail, tokens, status)."""
+    def _request(self, kind: str, streamed: bool, deadline: float) -> tuple[str, str, int, int | None]:
+        """One completion or chat completion: (outcome, detail, tokens, status)."""
         connection = self._connection(self._host, self._port, timeout=self.timeout)
         try:
-            connection.request("POST", self._path, body=self._body, headers=self._headers)
+            connection.request("POST", self._paths[kind], body=self._bodies[kind, streamed], headers=self._headers)
             sock = connection.sock  # the connection lets go of it once the answer says it closes
             response = connection.getresponse()
             if response.status != 200:
                 return f"http {response.status}", response.read(200).decode(errors="replace"), 0, response.status
-            if not self.stream:
-                finish = json.loads(response.read())["choices"][0].get("finish_reason")
-                return ("aborted" if finish == "abort" else OK), "", 0, 200
-            return (*self._read_stream(sock, response, deadline), 200)
+            if not streamed:
+                return (*answered(kind, json.loads(response.read())), 0, 200)
+            return (*self._read_stream(kind, sock, response, deadline), 200)
         except ConnectionRefusedError:
             return "refused", "", 0, None
         except http.client.RemoteDisconnected as error:
@@ -318,7 +363,7 @@ class Load:
         finally:
             connection.close()
 
-    def _read_stream(self, sock, response, deadline: float) -> tuple[str, str, int]:
+    def _read_stream(self, kind: str, sock, response, deadline: float) -> tuple[str, str, int]:
         """Server-Sent Events until [DONE]: (outcome, detail, tokens)."""
         tokens, finish, done = 0, None, False
         try:
@@ -341,7 +386,8 @@ class Load:
                 if "error" in event:
                     return "stream error", json.dumps(event["error"])[:200], tokens
                 for choice in event.get("choices") or []:
-                    tokens += bool(choice.get("text"))
+                    tokens += bool(choice.get("text") if kind == COMPLETIONS
+                                   else (choice.get("delta") or {}).get("content"))
                     finish = choice.get("finish_reason") or finish
         except TimeoutError:
             return "timeout", f"{tokens} of {self.max_tokens} tokens in {self.timeout:g} s", tokens
@@ -355,6 +401,21 @@ class Load:
         if finish is None or (finish != "stop" and tokens < self.max_tokens):
             return "short", got, tokens
         return OK, "", tokens
+
+
+def evenly(index: int, share: float) -> bool:
+    """Whether the `index`th of a run is among a `share` of them spread evenly (0.5: every other one)."""
+    return math.floor((index + 1) * share) > math.floor(index * share)
+
+
+def answered(kind: str, answer: dict) -> tuple[str, str]:
+    """(outcome, detail) of an unstreamed answer: a chat's must hold a message's content and a finish_reason."""
+    choice = answer["choices"][0]
+    finish = choice.get("finish_reason")
+    if kind == CHAT:
+        if not isinstance(choice["message"]["content"], str) or finish is None:
+            return "bad answer", f"message {json.dumps(choice['message'])[:120]}, finish_reason {finish}"
+    return ("aborted" if finish == "abort" else OK), ""
 
 
 def first_token_seconds(address: str, port: int, model: str, users: int, sampling: dict | None = None,

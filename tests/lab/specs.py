@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tests.doubles import nvidia_smi_standin
-from tests.doubles.vllm_wheel import BROKEN, build_standin_wheel
+from tests.doubles.vllm_wheel import build_standin_wheel, shared_folder
 from tests.lab.hosts import TestHost
 from tests.lab.rootfs import cache_dir
 
@@ -39,7 +39,7 @@ def install_standin(host: TestHost) -> None:
 def install_vllm_by_hand(host: TestHost, version: str = "0.25.0") -> None:
     """The TEST DOUBLE vllm installed as someone did by hand on a server we did not build: a venv
     at /opt/vllm/venv, pip from the wheel."""
-    wheel = build_standin_wheel(version, cache_dir() / f"standin-wheelhouse-{version}")
+    wheel = build_standin_wheel(version, cache_dir() / shared_folder(version))
     host.put(wheel, f"/root/{wheel.name}", mode="0644")
     host.ssh(f"python3 -m venv {VLLM_INSTALL_PATH}/venv && {VLLM_INSTALL_PATH}/venv/bin/pip install -q "
              f"--no-index /root/{wheel.name}")
@@ -48,8 +48,8 @@ def install_vllm_by_hand(host: TestHost, version: str = "0.25.0") -> None:
 def standin_wheelhouse(version: str = "0.25.0", fails_at_start: str | None = None) -> Path:
     """A wheelhouse holding the TEST DOUBLE vllm==version wheel (rebuilt each time: cheap); with
     `fails_at_start`, the broken one whose `vllm serve` dies with that message (a failed upgrade), in
-    standin-wheelhouse-<version>-broken."""
-    folder = f"standin-wheelhouse-{version}" + (BROKEN if fails_at_start is not None else "")
+    standin-wheelhouse-<version>-<key>-broken (`shared_folder`: a folder of this checkout's stand-in)."""
+    folder = shared_folder(version, broken=fails_at_start is not None)
     return build_standin_wheel(version, cache_dir() / folder, fails_at_start=fails_at_start).parent
 
 

@@ -1,16 +1,22 @@
 """tests/lab/load.py, the bastion's steady load, against the TEST DOUBLE vLLM server on 127.0.0.1: exact
-counts for a rate and a duration, a SIGTERM mid-load as vLLM's two --shutdown-timeout behaviours show it
-to a client, failures by kind, and the report's text."""
+counts for a rate and a duration, the mix of chat and completions, streamed and not, a SIGTERM mid-load as
+vLLM's two --shutdown-timeout behaviours show it to a client, failures by kind, and the report's text; its
+chat checks also against vLLM's own answers (tests/fixtures/vllm/h200-chat) replayed byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from tests.lab.load import Load, Report, Request
+from tests.lab.load import Load, Report, Request, Tally
 from tests.unit.standin import MODEL, free_port, running
+from tests.unit.test_standin_chat import FIXTURE, RECORD, parse
 
 KEY = "sk-load-test"
 
@@ -65,6 +71,7 @@ def test_sigterm_with_shutdown_timeout_0_is_counted_as_aborted_streams(tmp_path)
     # once; every other one had ended before
     aborted = [request for request in report.requests if request.outcome == "aborted"]
     assert len(aborted) >= 10, report.text()
+    assert {request.kind for request in aborted} == {"chat", "completions"}, report.text()  # half of each
     assert all(signalled <= request.ended_s < signalled + 1 and request.tokens < 300 for request in aborted), \
         report.text()
     cut = min(request.ended_s for request in aborted)
@@ -109,7 +116,8 @@ def test_unstreamed_completions_and_the_with_block(tmp_path):
 
 
 def test_bad_arguments_are_refused():
-    for arguments in ({"url": "127.0.0.1:8000"}, {"rate": 0}, {"duration": 0}, {"timeout": -1}):
+    for arguments in ({"url": "127.0.0.1:8000"}, {"rate": 0}, {"duration": 0}, {"timeout": -1}, {"chat": 1.5},
+                      {"stream": 2}):
         with pytest.raises(ValueError):
             Load(**{"url": "http://127.0.0.1:1", "model": MODEL, "api_key": None, **arguments})
 
@@ -131,3 +139,79 @@ def test_the_report_reads_one_line_a_second_with_the_marks():
         "     1.00s aborted after 0.20 s: 3 of 16 tokens, finish_reason abort",
         "     1.50s refused after 0.00 s",
     ]
+
+
+def test_a_mix_of_chat_and_completions_streamed_and_not(tmp_path):
+    port = free_port()
+    with running(port, tmp_path / "standin.log", "--api-key", KEY):
+        load = Load(url(port), MODEL, KEY, rate=20, duration=2, chat=0.5, stream=0.5).start()
+        assert load.join(timeout=10)
+    report = load.report()
+    mix = [(request.kind, request.streamed) for request in report.requests]
+    assert {pair: mix.count(pair) for pair in set(mix)} == {
+        ("chat", True): 10, ("chat", False): 10, ("completions", True): 10, ("completions", False): 10}
+    assert report.kinds == {"chat": Tally(ok=20), "completions": Tally(ok=20)}, report.text()
+    # every streamed answer counted token by token: a chat's deltas as a completion's texts
+    assert {request.tokens for request in report.requests if request.streamed} == {16}, report.text()
+    assert "[chat 20 ok, 0 failed; completions 20 ok, 0 failed]" in report.summary()
+    only = Load(url(port), MODEL, KEY, chat=0)
+    assert [only._pick(index)[0] for index in range(3)] == ["completions"] * 3  # chat 0: as before the mix
+
+
+@contextlib.contextmanager
+def replaying(raw: bytes) -> Iterator[int]:
+    """A server on 127.0.0.1 (its port yielded) answering every request with `raw`, then closing."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:  # closed: the block ended
+                return
+            with connection:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += connection.recv(65536)
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(body) < length:
+                    body += connection.recv(65536)
+                connection.sendall(raw)
+
+    threading.Thread(target=serve, name="replay", daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+def replayed(name: str, stream: bool, max_tokens: int = 8, raw: bytes | None = None) -> Report:
+    """Chat requests only (8 at 20/s), each answered with the fixture's answer `name` (or `raw`)."""
+    with replaying(raw or (FIXTURE / f"{name}.response.http").read_bytes()) as port:
+        load = Load(url(port), RECORD.MODEL, None, rate=20, duration=0.4, max_tokens=max_tokens, stream=stream,
+                    chat=1).start()
+        assert load.join(timeout=10)
+    return load.report()
+
+
+def test_chat_answers_are_checked_as_vllm_sends_them():
+    streamed = replayed("chat-stream", stream=True)
+    assert streamed.kinds == {"chat": Tally(ok=8)} and {r.tokens for r in streamed.requests} == {8}, streamed.text()
+    assert replayed("chat-stream-usage", stream=True).kinds == {"chat": Tally(ok=8)}
+    assert replayed("chat", stream=False).kinds == {"chat": Tally(ok=8)}
+    # one token fewer than asked: short; a completion's chunks have no delta: no token counted
+    assert replayed("chat-stream", stream=True, max_tokens=9).failed == {"short": 8}
+    assert replayed("completions-stream", stream=True).failed == {"short": 8}
+    status, headers, body = parse((FIXTURE / "chat.response.http").read_bytes())
+    answer = json.loads(body)
+    del answer["choices"][0]["message"]["content"]
+    data = json.dumps(answer).encode()
+    raw = (f"HTTP/1.1 {status} OK\r\ncontent-type: {headers['content-type']}\r\n"
+           f"content-length: {len(data)}\r\nconnection: close\r\n\r\n").encode() + data
+    no_content = replayed("", stream=False, raw=raw)
+    assert no_content.failed == {"bad answer": 8}, no_content.text()
+    # a stream cut before [DONE]
+    recorded = (FIXTURE / "chat-stream.response.http").read_bytes()
+    cut = replayed("", stream=True, raw=recorded[:recorded.index(b"[DONE]") - 12])
+    assert set(cut.failed) == {"truncated"}, cut.text()

@@ -94,7 +94,7 @@ def _stream(port, prompt_words, tokens, arrivals):
     sent = time.monotonic()
     with urllib.request.urlopen(request, timeout=60) as answer:
         for line in answer:
-            if line.startswith(b"data: {") and b'"text": " w"' in line:
+            if line.startswith(b"data: {") and json.loads(line[len(b"data: "):])["choices"][0]["text"] == " w":
                 arrivals.append(time.monotonic() - sent)
 
 

@@ -5,6 +5,7 @@ dies of a fatal start-up error and never listens."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.doubles.vllm_wheel import build_standin_wheel
+from tests.doubles import vllm_wheel
+from tests.doubles.vllm_wheel import build_standin_wheel, shared_folder
 from tests.unit.standin import MODEL, ROOT, free_port, listening, standin, stop
 
 VERSION = "0.33.0"
@@ -82,3 +84,16 @@ def test_a_broken_wheel_has_a_wheelhouse_of_its_own(tmp_path):
     with pytest.raises(ValueError, match="one line"):
         build_standin_wheel(VERSION, tmp_path / "w-broken", fails_at_start="RuntimeError: a\nb")
     assert not any(tmp_path.iterdir())
+
+
+def test_the_shared_wheelhouse_is_keyed_on_the_stand_ins_source(tmp_path, monkeypatch):
+    """Labs of two checkouts side by side: a stand-in whose source differs builds into another folder."""
+    package = tmp_path / "vllm"
+    shutil.copytree(vllm_wheel.PACKAGE, package)
+    monkeypatch.setattr(vllm_wheel, "PACKAGE", package)
+    first = shared_folder(VERSION)
+    assert first == shared_folder(VERSION) and first.startswith(f"standin-wheelhouse-{VERSION}-")
+    assert shared_folder(VERSION, broken=True) == first + "-broken"
+    server = package / "entrypoints" / "cli" / "standin_openai.py"
+    server.write_text(server.read_text() + "# another checkout\n")
+    assert shared_folder(VERSION) != first

@@ -1,8 +1,11 @@
-"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions
-(the served model name only; with "stream": true, Server-Sent Events as vLLM sends them: one chunk per
-token, a usage chunk when stream_options.include_usage, then [DONE]), /standin/process (argv, parsed
-options, CUDA environment), /metrics (vLLM's names, driven by the load: standin_metrics.py). Like vLLM,
---api-key / VLLM_API_KEY guard /v1, not /health.
+"""TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions and
+/v1/chat/completions (the served model name only, else vLLM's 404; a chat with no list of messages: vLLM's
+400; with "stream": true, Server-Sent Events as vLLM sends them: a chat's opening chunk of role and empty
+content, one chunk per token, a usage chunk when stream_options.include_usage, then [DONE]; the bodies,
+keys in vLLM's order, in standin_openai.py, held to vLLM's answers by tests/unit/test_standin_chat.py),
+/standin/process (argv, parsed options, CUDA environment), /metrics (vLLM's names, driven by the load:
+standin_metrics.py). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health. Chat and completions go
+the same way through the latency model, the metrics and the shutdown below.
 Timing, so that `vllm bench serve` measures something: the TEST DOUBLE vllm/standin_latency.py, a
 scheduler stepping as vLLM's: STANDIN_TTFT_MS before a request is scheduled, STANDIN_TPOT_MS a batch-1
 step, at most --max-num-seqs requests generating at once (the rest wait), prompts in chunks of
@@ -43,10 +46,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import vllm
 from vllm import standin_rendezvous as rendezvous
 from vllm.entrypoints.cli.standin_metrics import Metrics, kv_cache_tokens
+from vllm.entrypoints.cli.standin_openai import error, kind_of
 from vllm.standin_latency import Engine, Settings
 from vllm.standin_sampler import Sampler
 
 PROTECTED = ("/v1/",)
+COMPACT = (",", ":")  # JSON as vLLM writes it (pydantic, starlette's JSONResponse)
 POLL_S = 0.05  # how soon a SIGTERM is acted on
 FAILS_AT_START = None  # the wheel builder writes the message of a vLLM that cannot start here
 
@@ -77,7 +82,7 @@ def serve(options):
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
-            data = json.dumps(body, default=str).encode()
+            data = json.dumps(body, default=str, separators=COMPACT).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -113,44 +118,46 @@ def serve(options):
                 request = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 return self._send(400, {"error": {"message": "invalid JSON", "code": 400}})
-            if self.path != "/v1/completions":
+            kind = kind_of(self.path)
+            if kind is None:
                 return self._send(404, {"detail": "Not Found"})
+            shape = kind(request)
+            if problem := shape.problem():
+                return self._send(*problem)
             if request.get("model") not in served:
-                return self._send(404, {"error": {"message": f"The model `{request.get('model')}` does not exist.",
-                                                  "type": "NotFoundError", "code": 404}})
-            tokens = int(request.get("max_tokens") or 16)
-            prompt = request.get("prompt") or ""
-            usage = {"prompt_tokens": len(str(prompt).split()) or 1, "completion_tokens": tokens}
-            usage["total_tokens"] = usage["prompt_tokens"] + tokens
+                return self._send(404, error(404, f"The model `{request.get('model')}` does not exist.",
+                                             "NotFoundError", "model"))
+            tokens = int(request.get("max_completion_tokens") or request.get("max_tokens") or 16)
+            prompt_tokens = shape.prompt_tokens()
+            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + tokens,
+                     "completion_tokens": tokens}
             if not request.get("stream"):
                 with sampler.row(request):  # in flight as long as a streamed request waits to be scheduled
                     time.sleep(engine.settings.overhead_s)
                     sampler.wait()
-                metrics.at_once(usage["prompt_tokens"], tokens)
-                return self._send(200, {"object": "text_completion", "model": request["model"],
-                                        "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
-                                        "usage": usage})
+                metrics.at_once(prompt_tokens, tokens)
+                return self._send(200, shape.answer(" pong", "length", usage))
             self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.end_headers()
-            with metrics.request(usage["prompt_tokens"]) as counted, streams.one(), sampler.row(request), \
-                    engine.sequence(usage["prompt_tokens"], tokens, on_scheduled=counted.run) as sequence:
+            with metrics.request(prompt_tokens) as counted, streams.one(), sampler.row(request), \
+                    engine.sequence(prompt_tokens, tokens, on_scheduled=counted.run) as sequence:
                 for index in range(tokens):
                     sampler.wait()
                     engine.next_token(sequence, streams.aborted)
+                    if index == 0:  # as vLLM, with the first output (a token, or the abort)
+                        for chunk in shape.opening():
+                            self._event(chunk)
                     if streams.aborted.is_set():
-                        self._event({"object": "text_completion", "model": request["model"],
-                                     "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]})
+                        self._event(shape.token("", "abort"))
                         break
                     counted.token()
                     last = index == tokens - 1
                     if last:
                         counted.finish("length")
-                    self._event({"object": "text_completion", "model": request["model"],
-                                 "choices": [{"index": 0, "text": " w", "logprobs": None,
-                                              "finish_reason": "length" if last else None}]})
+                    self._event(shape.token(" w", "length" if last else None))
                 if (request.get("stream_options") or {}).get("include_usage"):
-                    self._event({"object": "text_completion", "model": request["model"], "choices": [], "usage": usage})
+                    self._event(shape.usage(usage))
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
@@ -163,7 +170,7 @@ def serve(options):
             self.wfile.write(data)
 
         def _event(self, body):
-            self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            self.wfile.write(b"data: " + json.dumps(body, separators=COMPACT).encode() + b"\n\n")
             self.wfile.flush()
 
         def log_message(self, *args):
