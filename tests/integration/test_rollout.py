@@ -30,6 +30,7 @@ import yaml
 from provisioner.apply import ApplyResult, Controls, TaskResult, apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
+from provisioner.cli.apply_view import rollout_rows
 from provisioner.rollout import Rollout
 from provisioner.spec import load_spec
 from tests.lab.containers import AptRepo
@@ -65,7 +66,8 @@ class Fleet:
         return f"chat-{self.serving.index(host)}"
 
 
-def fleet_spec(serving, edge, version: str = "0.25.0", fails_at_start: str | None = None, **options) -> dict:
+def fleet_spec(serving, edge, version: str = "0.25.0", fails_at_start: str | None = None, env: dict | None = None,
+               **options) -> dict:
     hosts = []
     for host in [*serving, edge]:
         entry = host_entry(host)
@@ -73,7 +75,7 @@ def fleet_spec(serving, edge, version: str = "0.25.0", fails_at_start: str | Non
                          "wheelhouse": str(standin_wheelhouse(version, fails_at_start=fails_at_start))}
         hosts.append(entry)
     instances = [instance_entry(host, f"chat-{index}", 8000, bind="0.0.0.0", api_key_file="chat.key",
-                                env={"STANDIN_STARTUP_DELAY": str(STARTUP_S)},
+                                env={"STANDIN_STARTUP_DELAY": str(STARTUP_S), **(env or {})},
                                 options={"max-model-len": 4096, "block-size": 16, **options})
                  for index, host in enumerate(serving)]
     return {"version": 1, "hosts": hosts, "instances": instances,
@@ -254,6 +256,44 @@ def test_a_rolling_upgrade_costs_no_request_and_keeps_the_previous_version(fleet
                                                        if c.status == "failed"]
     per_host = [run.result.turns[host.name].seconds for host in fleet.serving]
     print(f"time per host (a rolling upgrade): {', '.join(f'{seconds:.1f} s' for seconds in per_host)}")
+
+
+# an instance setting that stops it at start: the stand-in's own switch (TEST DOUBLE), as a bad
+# VLLM_ATTENTION_BACKEND stops the real vLLM
+BAD_SETTING = {"STANDIN_FAILS_AT_START": "ValueError: Invalid attention backend: 'NO_SUCH_BACKEND'"}
+
+
+def test_a_bad_setting_on_the_canary_is_rolled_back_then_fixed_forward_then_a_wide_batch(fleet, upgrade):
+    """(a) A setting that stops vLLM at start, fleet-wide with --rolling: the canary's config goes back, it
+    serves again and is back in rotation, the run fails naming what was restored, the others are untouched;
+    the spec fixed forward rolls through; then a wide batch (--batch 2): no request lost, every replica in
+    rotation, the audit clean."""
+    canary, *others = fleet.serving
+    bad = run_under_load(fleet, fleet_spec(fleet.serving, fleet.edge, version="0.33.0", env=BAD_SETTING,
+                                           **{"max-num-seqs": 40}), Rollout(batch="1"))
+    print(f"\n(a) a bad setting on the canary\n{bad.timeline(fleet)}")
+    assert not bad.result.succeeded
+    outcomes = {row["host"]: row["outcome"] for row in rollout_rows(bad.result, [host.name for host in fleet.serving])}
+    assert outcomes[canary.name].startswith("rolled back: ") and "restored" in outcomes[canary.name], outcomes
+    assert "Invalid attention backend" in outcomes[canary.name], outcomes
+    assert all(outcomes[host.name] == "not reached: the rollout stopped before its batch" for host in others), outcomes
+    assert bad.report.failed_total == 0, bad.timeline(fleet)
+    assert all(bad.starts[host.name] == [] for host in others), bad.timeline(fleet)
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}  # the canary serves again
+
+    fixed = run_under_load(fleet, fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 40}),
+                           Rollout(batch="1"))
+    print(f"\n(a) fixed forward\n{fixed.timeline(fleet)}")
+    assert_rolled_without_a_failed_request(fixed, fleet)
+
+    wide = run_under_load(fleet, fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 56}),
+                          Rollout(batch="2"))
+    print(f"\n(a) then a wide batch: --batch 2\n{wide.timeline(fleet)}")
+    assert wide.result.succeeded, [(p.host, p.label, p.message) for p in wide.result.problems]
+    assert wide.report.failed_total == 0, wide.timeline(fleet)
+    assert [wide.result.turns[host.name].batch for host in fleet.serving] == [1, 2, 2], wide.timeline(fleet)
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
+    assert audit_failures(fleet) == clean(fleet)
 
 
 RECORDS = "/var/lib/vllm-provision/gateway-drains"  # role rollout's rollout_record_dir on the gateway host
