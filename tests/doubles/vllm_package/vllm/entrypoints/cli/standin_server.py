@@ -1,8 +1,11 @@
 """TEST DOUBLE: the server `vllm serve` runs instead of an engine: /health, /v1/models, /v1/completions and
-/v1/chat/completions (the served model name only, else vLLM's 404; a chat with no list of messages: vLLM's
-400; with "stream": true, Server-Sent Events as vLLM sends them: a chat's opening chunk of role and empty
-content, one chunk per token, a usage chunk when stream_options.include_usage, then [DONE]; the bodies,
-keys in vLLM's order, in standin_openai.py, held to vLLM's answers by tests/unit/test_standin_chat.py),
+/v1/chat/completions (a chat with no list of messages: vLLM's 400 validation error; then the served model
+name only, else vLLM's 404; an empty list of messages: the chat template's 400 BadRequestError; with
+"stream": true, Server-Sent Events as vLLM sends them: a chat's opening chunk of role and empty content,
+one chunk per token, the last with the finish and the system_fingerprint, a usage chunk (then it carries
+the fingerprint) when stream_options.include_usage, then [DONE]; the bodies, keys in vLLM's order, in
+standin_openai.py, held to vLLM's answers recorded on the H200 by tests/unit/test_standin_chat.py; every
+answer `Vary: Origin` as vLLM's CORS middleware adds it, but the 401 and the empty conversation's 400),
 /standin/process (argv, parsed options, CUDA environment), /metrics (vLLM's names, driven by the load:
 standin_metrics.py). Like vLLM, --api-key / VLLM_API_KEY guard /v1, not /health. Chat and completions go
 the same way through the latency model, the metrics and the shutdown below.
@@ -23,7 +26,8 @@ parsed, it writes a traceback ending in that message to stderr, as vLLM dies of 
 
 Stopping, as real vLLM 0.25 stops (recorded on the H200: tests/fixtures/vllm/h200-drain): on SIGTERM the
 listening socket closes at once (new requests and /health: connection refused); with --shutdown-timeout
-0 (vLLM's default) every stream in flight ends at once with finish_reason "abort" and [DONE], with N > 0
+0 (vLLM's default) every stream in flight ends at once, its last chunk a token with finish_reason "abort"
+(tests/fixtures/vllm/h200-chat/chat-stream-sigterm), then [DONE]; with N > 0
 the streams in flight go on to their end, for at most N seconds (then abort); then the server exits 0.
 
 GPU memory, as real vLLM holds it (tests/fixtures/gpu/h200-processes): not by this process but by a
@@ -46,7 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import vllm
 from vllm import standin_rendezvous as rendezvous
 from vllm.entrypoints.cli.standin_metrics import Metrics, kv_cache_tokens
-from vllm.entrypoints.cli.standin_openai import error, kind_of
+from vllm.entrypoints.cli.standin_openai import error, fingerprint, kind_of, usage_of
 from vllm.standin_latency import Engine, Settings
 from vllm.standin_sampler import Sampler
 
@@ -79,19 +83,27 @@ def serve(options):
     streams = Streams()
     sampler = Sampler()  # the first batch's compile stall (STANDIN_SAMPLER_JIT_S)
     metrics = Metrics(served[0], kv_cache_tokens(options))  # GET /metrics: standin_metrics.py
+    system_fingerprint = fingerprint(options)
 
     class Handler(BaseHTTPRequestHandler):
-        def _send(self, code, body):
-            data = json.dumps(body, default=str, separators=COMPACT).encode()
+        def _send(self, code, body, cors=True):
+            """A JSON answer; `cors` False for one that vLLM sends from outside its CORS middleware (no Vary)."""
+            self._send_text(code, json.dumps(body, default=str, separators=COMPACT), "application/json", cors)
+
+        def _head(self, code, content_type, cors=True, **headers):
+            """The status line and the headers as vLLM's: the content type, then (from the CORS middleware,
+            which every answer passes but the API key's 401 and an unhandled error's) `vary: Origin`."""
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Type", content_type)
+            for name, value in headers.items():
+                self.send_header(name.replace("_", "-"), value)
+            if cors:
+                self.send_header("Vary", "Origin")
             self.end_headers()
-            self.wfile.write(data)
 
         def _authorized(self):
             if key and self.path.startswith(PROTECTED) and self.headers.get("Authorization") != f"Bearer {key}":
-                self._send(401, {"error": "Unauthorized"})
+                self._send(401, {"error": "Unauthorized"}, cors=False)
                 return False
             return True
 
@@ -121,52 +133,48 @@ def serve(options):
             kind = kind_of(self.path)
             if kind is None:
                 return self._send(404, {"detail": "Not Found"})
-            shape = kind(request)
-            if problem := shape.problem():
+            shape = kind(request, system_fingerprint)
+            if problem := shape.invalid():
                 return self._send(*problem)
             if request.get("model") not in served:
                 return self._send(404, error(404, f"The model `{request.get('model')}` does not exist.",
                                              "NotFoundError", "model"))
+            if problem := shape.unrenderable():  # vLLM raises it through its middleware: no Vary
+                return self._send(*problem, cors=False)
             tokens = int(request.get("max_completion_tokens") or request.get("max_tokens") or 16)
             prompt_tokens = shape.prompt_tokens()
-            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + tokens,
-                     "completion_tokens": tokens}
             if not request.get("stream"):
                 with sampler.row(request):  # in flight as long as a streamed request waits to be scheduled
                     time.sleep(engine.settings.overhead_s)
                     sampler.wait()
                 metrics.at_once(prompt_tokens, tokens)
-                return self._send(200, shape.answer(" pong", "length", usage))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.end_headers()
+                return self._send(200, shape.answer(" pong", "length", usage_of(prompt_tokens, tokens)))
+            self._head(200, "text/event-stream; charset=utf-8")
             with metrics.request(prompt_tokens) as counted, streams.one(), sampler.row(request), \
                     engine.sequence(prompt_tokens, tokens, on_scheduled=counted.run) as sequence:
+                sent = 0
                 for index in range(tokens):
                     sampler.wait()
                     engine.next_token(sequence, streams.aborted)
                     if index == 0:  # as vLLM, with the first output (a token, or the abort)
                         for chunk in shape.opening():
                             self._event(chunk)
-                    if streams.aborted.is_set():
-                        self._event(shape.token("", "abort"))
+                    counted.token()  # as vLLM's, the output that carries the abort carries a token too
+                    sent += 1
+                    finish = "abort" if streams.aborted.is_set() else "length" if index == tokens - 1 else None
+                    if finish == "length":
+                        counted.finish(finish)
+                    self._event(shape.token(" w", finish))
+                    if finish:
                         break
-                    counted.token()
-                    last = index == tokens - 1
-                    if last:
-                        counted.finish("length")
-                    self._event(shape.token(" w", "length" if last else None))
-                if (request.get("stream_options") or {}).get("include_usage"):
-                    self._event(shape.usage(usage))
+                if shape.include_usage:
+                    self._event(shape.usage(usage_of(prompt_tokens, sent)))
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
-        def _send_text(self, code, text, content_type):
+        def _send_text(self, code, text, content_type, cors=True):
             data = text.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
+            self._head(code, content_type, cors, content_length=str(len(data)))
             self.wfile.write(data)
 
         def _event(self, body):
