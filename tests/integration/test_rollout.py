@@ -369,18 +369,32 @@ def test_an_interrupted_rollout_puts_its_drain_back_and_says_so(fleet, upgrade, 
     assert audit_failures(fleet) == clean(fleet)
 
 
-def test_the_audit_names_a_replica_left_out_of_rotation(fleet, upgrade):
-    """A drain left at the gateway (an operator's here) fails the replica's row with expected vs actual; the
-    next apply keeps an operator's drain (it is theirs) and says so."""
+def admin_command(fleet: Fleet, command: str) -> None:
+    """One command on the gateway's admin socket, as an operator types it there."""
     fleet.edge.ssh("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock');"
-                   " s.sendall(b'set server public-0/chat-1 state drain\\n'); s.recv(100)\"")
+                   f" s.sendall(b'{command}\\n'); s.recv(100)\"")
+
+
+def test_an_operators_drain_is_kept_across_reloads_and_restarts_named_by_apply_and_failed_by_the_audit(fleet, upgrade):
+    """A drain an operator made at the gateway: haproxy's reload and restart keep it (the saved server state);
+    an apply keeps it and names it; the audit fails the replica's row with expected vs actual."""
+    admin_command(fleet, "set server public-0/chat-1 state drain")
     try:
+        fleet.edge.ssh("systemctl reload haproxy.service")
+        assert gateway_admin(fleet)["chat-1"] == "drain"
+        fleet.edge.ssh("systemctl restart haproxy.service")
+        assert gateway_admin(fleet)["chat-1"] == "drain"
+        notes = []
+        result = apply_spec(load_spec(fleet.folder / "spec.yml"), hosts=[fleet.edge.name],
+                            on_result=lambda task: notes.extend(task.notes))
+        assert result.succeeded, [(p.host, p.label, p.message) for p in result.problems]
+        assert "not ours, kept: public-0/chat-1 (drain)" in notes, notes
+        assert gateway_admin(fleet)["chat-1"] == "drain"
         failures = audit_failures(fleet)
         assert failures[fleet.edge.name] == {
             f"gateway public-0/chat-1 ({MODEL})": ("ready, UP", "drain (not by vllm-provision), DRAIN")}, failures
     finally:
-        fleet.edge.ssh("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock');"
-                       " s.sendall(b'set server public-0/chat-1 state ready\\n'); s.recv(100)\"")
+        admin_command(fleet, "set server public-0/chat-1 state ready")
 
 
 class GatewayWatch:
