@@ -380,10 +380,10 @@ def test_an_operators_drain_is_kept_across_reloads_and_restarts_named_by_apply_a
     an apply keeps it and names it; the audit fails the replica's row with expected vs actual."""
     admin_command(fleet, "set server public-0/chat-1 state drain")
     try:
-        fleet.edge.ssh("systemctl reload haproxy.service")
-        assert gateway_admin(fleet)["chat-1"] == "drain"
-        fleet.edge.ssh("systemctl restart haproxy.service")
-        assert gateway_admin(fleet)["chat-1"] == "drain"
+        for action in ("reload", "restart"):
+            fleet.edge.ssh(f"systemctl {action} haproxy.service")
+            time.sleep(2)  # the new process has taken the admin socket over
+            assert gateway_admin(fleet)["chat-1"] == "drain", action
         notes = []
         result = apply_spec(load_spec(fleet.folder / "spec.yml"), hosts=[fleet.edge.name],
                             on_result=lambda task: notes.extend(task.notes))
