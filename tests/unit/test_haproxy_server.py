@@ -403,6 +403,25 @@ def test_recorded_drains_are_set_again_when_haproxy_starts_afresh(gateway, modul
     assert admin(gateway, "chat-1") == "drain"
 
 
+@needs_haproxy
+def test_the_server_state_is_saved_whole_and_a_stale_one_removed_when_haproxy_is_gone(gateway, tmp_path):
+    """Role gateway's drop-in saves `show servers state` before a reload or a stop (haproxy loads it at start);
+    when haproxy is not there to answer (a crash), the older file goes: it must not bring an old drain back."""
+    keeper = [sys.executable, str(ROOT / "plugins" / "module_utils" / "haproxy_runtime.py"), "save"]
+    state_file = tmp_path / "server-state"
+    gateway.query("set server public-0/chat-2 state drain")
+    saved = subprocess.run([*keeper, str(state_file), str(gateway.socket)], capture_output=True, text=True, timeout=30)
+    assert saved.returncode == 0 and saved.stdout == "", saved
+    rows = {row["srv_name"]: haproxy_runtime.admin_state(int(row["srv_admin_state"]))
+            for row in haproxy_runtime.parse_servers_state(state_file.read_text())}
+    assert rows == {"chat-1": "ready", "chat-2": "drain", "big-1": "ready"}
+
+    gone = subprocess.run([*keeper, str(state_file), str(tmp_path / "no.sock")], capture_output=True, text=True,
+                          timeout=30)
+    assert gone.returncode == 0 and "server state not saved" in gone.stdout, gone
+    assert not state_file.exists()
+
+
 def admin_or_none(gateway: Gateway, server: str) -> str | None:
     try:
         return admin(gateway, server)
