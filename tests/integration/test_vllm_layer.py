@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from provisioner.apply import TaskResult, apply_spec, run_playbook
+from provisioner.audit.text import show_blocks, shown_argv
 from provisioner.inventory import write_inventory
 from provisioner.paths import ROLES_DIR
 from provisioner.spec import load_spec
@@ -24,6 +25,8 @@ from tests.integration.conftest import audit_failures, disk_state
 from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry, standin_wheelhouse, write_spec
 
 UNIT = "vllm-chat.service"
+# `systemctl show` as the unit tests' TEST DOUBLE of systemctl answers it (tests/unit/test_vllm_units.py)
+RECORDED_SHOW = Path(__file__).resolve().parents[1] / "fixtures" / "systemd" / "show" / "vllm-chat.service.active"
 CONFIG = "/etc/vllm/chat.yaml"
 CACHES = "/var/lib/vllm/cache"  # <vllm_service_home>/cache: the units' compile caches, a folder per vLLM version
 REMOVE_OLD_VERSIONS = "Remove the venvs and compile caches of versions neither running nor previous"
@@ -222,6 +225,11 @@ def test_a_setting_that_does_not_get_ready_goes_back_to_the_files_that_did(boot,
     # the files as they got ready are kept beside, as the originals (the env file 0600 root)
     assert list(file_states(host, *kept).values()) == list(ready.values())
     assert host.ssh(f"stat -c '%U %a' {KEPT}").stdout.strip() == "root 700"
+    # the real systemd answers module vllm_units' read in the shape the unit tests' double answers it
+    (shown,) = show_blocks(host.ssh(f"systemctl show --property Id,LoadState,ActiveState,SubState,ExecStart -- {UNIT}").stdout)
+    (recorded,) = show_blocks(RECORDED_SHOW.read_text())
+    assert set(shown) == set(recorded) and shown_argv(shown["ExecStart"]) == shown_argv(recorded["ExecStart"])
+    assert [shown[key] for key in ("Id", "LoadState", "ActiveState", "SubState")] == ["vllm-chat.service", "loaded", "active", "running"]
 
     # a bad setting (an Environment= line of the unit), and a change of an option with it: the unit and the
     # config file change, the env file does not
