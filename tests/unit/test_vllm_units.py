@@ -181,3 +181,34 @@ def test_the_module_s_documentation_parses():
     documented = json.loads(doc.stdout)[f"{COLLECTION}.vllm_units"]
     assert documented["doc"]["attributes"]["check_mode"]["support"] == "full"
     assert {"written", "units", "previous", "not_ready"} <= set(documented["return"])
+
+
+def report(rollback: dict, not_ready: list[str]) -> str:
+    """The failure role vllm_service's tasks/report.yml raises on the fact vllm_service_rollback, as Ansible renders it."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    from provisioner.roles import role_tasks
+
+    (task,) = [task for task in role_tasks("vllm_service") if task.get("name") == "Fail on a rollback"]
+    values = {"vllm_service_rollback": rollback, "_vllm_service_not_ready": not_ready}
+    templar = Templar(loader=DataLoader(), variables=values)
+    for name, text in task["vars"].items():
+        values[name] = templar.template(trust_as_template(text))
+    return Templar(loader=DataLoader(), variables=values).template(trust_as_template(task["ansible.builtin.fail"]["msg"]))
+
+
+def test_the_failure_names_what_went_back_and_why():
+    config = {"version": None, "back_to": None, "instances": ["chat", "code"],
+              "restored": {"chat": ["config file", "unit"], "code": ["env file"]},
+              "errors": {"chat": "ValueError: bad backend", "code": "OSError: no key"}}
+    assert report(config, []) == (
+        "chat, code did not get ready with their new config (chat: ValueError: bad backend; code: OSError: no key): "
+        "restored the previous config file and unit of chat; the previous env file of code (ready again); "
+        "fix instances[chat], instances[code] (their options, env, GPUs or container) or what stops it, then apply again.")
+    version = {"version": "0.33.0", "back_to": "/opt/vllm/venvs/0.25.0", "instances": ["chat"], "restored": {},
+               "errors": {"chat": "RuntimeError: CUDA driver version is insufficient"}}
+    assert report(version, ["chat"]) == (
+        "vLLM 0.33.0 did not get ready on chat (chat: RuntimeError: CUDA driver version is insufficient): rolled back "
+        "chat to the vLLM in /opt/vllm/venvs/0.25.0 (still not ready: chat); fix the version (hosts[].vllm.version) or "
+        "what stops it, then apply again.")
