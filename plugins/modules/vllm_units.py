@@ -106,6 +106,14 @@ names:
   type: list
   elements: str
   sample: [chat]
+files:
+  description: Each file of the instances in O(instances) and RV(names) that is there - the written ones above (C(kind)
+    unit, quadlet, compose file; a compose project's boot unit is a unit too), and C(CONFIG_DIR/NAME.env) (env file),
+    C(CONFIG_DIR/NAME.yaml) (config file) - with its instance, sorted by path.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{name: chat, path: /etc/vllm/chat.env, kind: env file}]
 stale:
   description: Of RV(names), those not in O(instances) (their files go); RV(stale_compose) those of them with a compose file.
   returned: always
@@ -201,6 +209,19 @@ def written_files(root, config_dir, quadlet_dir):
                 shown = "/" + os.path.relpath(path, root) if root != "/" else path
                 found[shown] = os.path.basename(path)[len(prefix):-len(suffix)]
     return found
+
+
+def instance_files(root, config_dir, written, names):
+    """[{name, path, kind}] of the written files and each instance's env and config file that is there."""
+    kinds = {".service": "unit", ".container": "quadlet", ".compose.yaml": "compose file"}
+    found = [{"name": name, "path": path, "kind": next(kind for suffix, kind in kinds.items() if path.endswith(suffix))}
+             for path, name in written.items()]
+    for name in names:
+        for suffix, kind in ((".env", "env file"), (".yaml", "config file")):
+            path = "%s/%s%s" % (config_dir, name, suffix)
+            if os.path.isfile(under(root, path)):
+                found.append({"name": name, "path": path, "kind": kind})
+    return sorted(found, key=lambda entry: entry["path"])
 
 
 def enabled_names(root):
@@ -313,6 +334,7 @@ def main():
         changed=False,
         written=sorted(written),
         names=names,
+        files=instance_files(root, config_dir, written, sorted(set(names) | set(listed))),
         stale=stale,
         stale_compose=sorted({name for path, name in written.items() if path.endswith(".compose.yaml") and name in stale}),
         enabled=enabled,

@@ -88,6 +88,7 @@ def host(tmp_path) -> Path:
     write(root, "/etc/vllm/web.compose.yaml", HEADER + "services: {}\n")
     write(root, "/etc/vllm/old.compose.yaml", HEADER + "services: {}\n")
     write(root, "/etc/vllm/chat.env", "VLLM_API_KEY=x\n")
+    write(root, "/etc/vllm/old.yaml", HEADER + "model: m\n")
     (root / "etc/systemd/system/multi-user.target.wants").mkdir(parents=True)
     (root / "etc/systemd/system/multi-user.target.wants/vllm-chat.service").symlink_to("/etc/systemd/system/vllm-chat.service")
     (root / "etc/systemd/system/multi-user.target.wants/vllm-masked.service").symlink_to("/dev/null")
@@ -108,6 +109,11 @@ def test_one_read_finds_the_role_s_files_the_units_states_and_what_each_runs(tmp
                                "/etc/systemd/system/vllm-gone.service", "/etc/vllm/old.compose.yaml",
                                "/etc/vllm/web.compose.yaml"]
     assert read["names"] == ["chat", "gone", "old", "pod", "web"]
+    assert [(file["name"], file["kind"], file["path"]) for file in read["files"]] == [
+        ("pod", "quadlet", "/etc/containers/systemd/vllm-pod.container"),
+        ("chat", "unit", "/etc/systemd/system/vllm-chat.service"), ("gone", "unit", "/etc/systemd/system/vllm-gone.service"),
+        ("chat", "env file", "/etc/vllm/chat.env"), ("old", "compose file", "/etc/vllm/old.compose.yaml"),
+        ("old", "config file", "/etc/vllm/old.yaml"), ("web", "compose file", "/etc/vllm/web.compose.yaml")]
     assert (read["stale"], read["stale_compose"]) == (["old"], ["old"])
     assert read["enabled"] == ["chat", "masked"]  # a masked unit whose link stayed is still enabled at boot
     assert (read["active"], read["not_ready"]) == (["chat", "pod"], ["new", "gone"])
