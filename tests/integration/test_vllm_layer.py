@@ -44,14 +44,14 @@ def process_of(host, port: int = 8000) -> dict:
 
 
 def spec_for(host, path: Path, version: str = "0.25.0", cuda: str | None = None, fails_at_start: str | None = None,
-             **instance_extra):
+             name: str = "chat", **instance_extra):
     """The host's spec with `version` of vLLM (its `cuda` build: the wheelhouse holds that build's wheel; with
     `fails_at_start`, a vLLM that cannot start)."""
     entry = host_entry(host)
     package = version + ("+cu" + cuda.replace(".", "") if cuda else "")
     wheelhouse = standin_wheelhouse(package, fails_at_start=fails_at_start)
     entry["vllm"] = {**entry["vllm"], "version": version, "cuda": cuda, "wheelhouse": str(wheelhouse)}
-    return load_spec(write_spec(path, [entry], [instance_entry(host, "chat", 8000, share=0.9, **instance_extra)]))
+    return load_spec(write_spec(path, [entry], [instance_entry(host, name, 8000, share=0.9, **instance_extra)]))
 
 
 def main_pid(host) -> str:
@@ -263,6 +263,12 @@ def test_a_setting_that_does_not_get_ready_goes_back_to_the_files_that_did(boot,
     again = apply_spec(fixed)
     assert again.succeeded and again.changed == 0
     assert audit_failures(tmp_path / "fixed.yml") == {host.name: {}}
+
+    # an instance no longer listed goes with its kept files
+    assert apply_spec(spec_for(host, tmp_path / "renamed.yml", name="talk", api_key_file=str(key_file))).succeeded
+    assert host.ssh(f"ls /etc/vllm {KEPT}").stdout.split() == [
+        "/etc/vllm:", "previous", "talk.env", "talk.yaml", f"{KEPT}:", "talk.env", "talk.yaml", "vllm-talk.service"]
+    assert host.ssh(f"test -e /etc/systemd/system/{UNIT}; echo $?").stdout.strip() == "1"
 
 
 def test_a_new_version_and_a_bad_setting_in_one_run_both_go_back(boot, tmp_path):
