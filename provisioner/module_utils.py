@@ -14,7 +14,7 @@ from types import ModuleType
 from provisioner.paths import module_utils_file
 
 SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings", "sysctl_files": "sysctl_files",
-          "systemd_dropins": "systemd_dropins", "driver_state": "nvidia_driver_state",
+          "systemd_dropins": "systemd_dropins", "systemd_show": "systemd_show", "driver_state": "nvidia_driver_state",
           "haproxy_runtime": "haproxy_runtime"}
 
 

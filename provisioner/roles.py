@@ -62,6 +62,10 @@ def read_yaml(path: Path) -> Any:
     return yaml.load(path.read_text(encoding="utf-8"), Loader=_SafeLoader)
 
 
+# the folder role vllm_service keeps each instance's files in as they last got ready (vars/main.yml)
+KEPT_COPY = "_vllm_service_previous_dir"
+
+
 @cache
 def role_defaults() -> dict[str, Any]:
     """The roles' defaults/main.yml merged (they are literal values, no Jinja)."""
@@ -79,8 +83,9 @@ def role_vars(role: str) -> dict[str, Any]:
 
 
 def render_role_file(role: str, template: str, variables: dict[str, Any]) -> PlannedFile:
-    """Render roles/<role>/templates/<template> where the role's template task puts it."""
-    task = find_task_args(role, "template", lambda args: args.get("src") == template)
+    """Render roles/<role>/templates/<template> where the role's template task puts it (not where vllm_service
+    keeps the copy of it that got ready, for a rollback: its tasks/commit.yml)."""
+    task = find_task_args(role, "template", lambda args: args.get("src") == template and KEPT_COPY not in str(args.get("dest")))
     return PlannedFile(
         path=render_string(task["dest"], variables),
         content=_environment(role).get_template(template).render(variables),

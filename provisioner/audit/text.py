@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from provisioner.module_utils import systemd_show
 from provisioner.secrets import shown_command  # noqa: F401 (the suite and its tests read it here too)
 
 # the suite's progress lines on stderr: this prefix, then JSON (provisioner/audit/plugin.py)
@@ -20,18 +21,14 @@ def environment_words(value: str) -> dict[str, str]:
 
 
 def shown_argv(exec_start: str) -> list[str]:
-    """The first command of `systemctl show`'s ExecStart= ({ path=… ; argv[]=… ; … }), split into words."""
-    match = re.search(r"argv\[\]=(.*?) ; ignore_errors=", exec_start)
-    return match.group(1).split() if match else []
+    """The first command of `systemctl show`'s ExecStart= ({ path=… ; argv[]=… ; … }), split into words (the code
+    the role's module vllm_units reads units with: plugins/module_utils/systemd_show.py)."""
+    return systemd_show.shown_argv(exec_start)
 
 
 def show_blocks(text: str) -> list[dict[str, str]]:
     """`systemctl show` output of one or more units (blank lines between units) → one dict per unit."""
-    blocks = []
-    for chunk in re.split(r"\n\s*\n", text.strip()):
-        if chunk.strip():
-            blocks.append(dict(line.split("=", 1) for line in chunk.splitlines() if "=" in line))
-    return blocks
+    return systemd_show.show_blocks(text)
 
 
 def modprobe_dry_run(module: str, output: str) -> tuple[bool, str]:

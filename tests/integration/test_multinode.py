@@ -71,6 +71,9 @@ SAID_START, SAID_ENABLE = ("Say which new instances would be started (check mode
                            "Say which new instances would be enabled (check mode)")
 RESTARTED, STARTED = ("Restart the changed instances, in list order",
                       "Enable and start the instances in the venv, in list order")
+# the transaction's commit: the files that got ready kept for a rollback (roles/vllm_service/tasks/commit.yml)
+KEPT = ["Create the folder of the previous files", "Keep the env files that got ready", "Keep the config files that got ready",
+        "Keep the units and quadlets that got ready"]
 
 
 def service_changes(events, host) -> list[str]:
@@ -111,8 +114,8 @@ def test_check_mode_on_fresh_hosts_changes_nothing_and_predicts_the_run(hosts, r
     # beforehand by check mode, one for one
     for host in hosts:
         assert service_changes(runs["events"]["check"], host) == [*SERVICE_FILES[:2], SAID_HOME, *SERVICE_FILES[3:],
-                                                                  SAID_START, SAID_ENABLE]
-        assert service_changes(runs["events"]["first"], host) == [*SERVICE_FILES, RESTARTED, STARTED]
+                                                                  SAID_START, SAID_ENABLE, *KEPT]
+        assert service_changes(runs["events"]["first"], host) == [*SERVICE_FILES, RESTARTED, STARTED, *KEPT]
 
 
 def test_apply_converges_then_changes_nothing(hosts, runs):

@@ -17,17 +17,25 @@ from pathlib import Path
 import yaml
 
 from provisioner.apply import TaskResult, apply_spec, run_playbook
+from provisioner.audit.text import show_blocks, shown_argv
 from provisioner.inventory import write_inventory
 from provisioner.paths import ROLES_DIR
 from provisioner.spec import load_spec
-from tests.integration.conftest import disk_state
+from tests.integration.conftest import audit_failures, disk_state
 from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry, standin_wheelhouse, write_spec
 
 UNIT = "vllm-chat.service"
+# `systemctl show` as the unit tests' TEST DOUBLE of systemctl answers it (tests/unit/test_vllm_units.py)
+RECORDED_SHOW = Path(__file__).resolve().parents[1] / "fixtures" / "systemd" / "show" / "vllm-chat.service.active"
 CONFIG = "/etc/vllm/chat.yaml"
 CACHES = "/var/lib/vllm/cache"  # <vllm_service_home>/cache: the units' compile caches, a folder per vLLM version
 REMOVE_OLD_VERSIONS = "Remove the venvs and compile caches of versions neither running nor previous"
 NO_START = "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"  # a vLLM that cannot start
+# an instance setting that stops it at start: the stand-in's own switch (tests/doubles/vllm_package), as a bad
+# VLLM_ATTENTION_BACKEND stops the real vLLM
+BAD_SETTING = {"STANDIN_FAILS_AT_START": "ValueError: Invalid attention backend: 'NO_SUCH_BACKEND'"}
+SECRET = "sk-layer-rollback-5150"
+KEPT = "/etc/vllm/previous"
 
 
 def process_of(host, port: int = 8000) -> dict:
@@ -36,14 +44,14 @@ def process_of(host, port: int = 8000) -> dict:
 
 
 def spec_for(host, path: Path, version: str = "0.25.0", cuda: str | None = None, fails_at_start: str | None = None,
-             **instance_extra):
+             name: str = "chat", **instance_extra):
     """The host's spec with `version` of vLLM (its `cuda` build: the wheelhouse holds that build's wheel; with
     `fails_at_start`, a vLLM that cannot start)."""
     entry = host_entry(host)
     package = version + ("+cu" + cuda.replace(".", "") if cuda else "")
     wheelhouse = standin_wheelhouse(package, fails_at_start=fails_at_start)
     entry["vllm"] = {**entry["vllm"], "version": version, "cuda": cuda, "wheelhouse": str(wheelhouse)}
-    return load_spec(write_spec(path, [entry], [instance_entry(host, "chat", 8000, share=0.9, **instance_extra)]))
+    return load_spec(write_spec(path, [entry], [instance_entry(host, name, 8000, share=0.9, **instance_extra)]))
 
 
 def main_pid(host) -> str:
@@ -193,3 +201,93 @@ def test_the_service_role_alone_says_where_vllm_is_missing(boot, tmp_path):
     assert not run.succeeded
     failed = next(result for result in results if result.status == "failed")
     assert "vLLM is not installed at /opt/vllm/venvs/0.25.0/bin/vllm" in failed.message
+
+
+def file_states(host, *paths: str) -> dict[str, str]:
+    """Each file's sha256, owner and mode (never its content: the env file holds the API key)."""
+    lines = host.ssh("for f in " + " ".join(paths) + "; do echo \"$f $(sha256sum < $f | cut -c1-16) $(stat -c '%U %a' $f)\"; done").stdout
+    return {path: state for path, state in (line.split(" ", 1) for line in lines.splitlines())}
+
+
+def test_a_setting_that_does_not_get_ready_goes_back_to_the_files_that_did(boot, tmp_path):
+    """Config rollback (vllm_service's tasks/transaction.yml): the new env and config file of an instance that
+    does not get ready are replaced by the ones it last got ready with (kept in /etc/vllm/previous/ by the run
+    they got ready in), it restarts on them, and the run fails saying so; the spec fixed, the next apply converges."""
+    (host,) = boot(1)
+    install_standin(host)
+    key_file = tmp_path / "chat.key"
+    key_file.write_text(SECRET + "\n")
+    good = spec_for(host, tmp_path / "good.yml", api_key_file=str(key_file))
+    assert apply_spec(good).succeeded
+    files = ("/etc/vllm/chat.env", CONFIG, f"/etc/systemd/system/{UNIT}")
+    ready = file_states(host, *files)
+    kept = (f"{KEPT}/chat.env", f"{KEPT}/chat.yaml", f"{KEPT}/{UNIT}")
+    # the files as they got ready are kept beside, as the originals (the env file 0600 root)
+    assert list(file_states(host, *kept).values()) == list(ready.values())
+    assert host.ssh(f"stat -c '%U %a' {KEPT}").stdout.strip() == "root 700"
+    # the real systemd answers module vllm_units' read in the shape the unit tests' double answers it
+    (shown,) = show_blocks(host.ssh(f"systemctl show --property Id,LoadState,ActiveState,SubState,ExecStart -- {UNIT}").stdout)
+    (recorded,) = show_blocks(RECORDED_SHOW.read_text())
+    assert set(shown) == set(recorded) and shown_argv(shown["ExecStart"]) == shown_argv(recorded["ExecStart"])
+    assert [shown[key] for key in ("Id", "LoadState", "ActiveState", "SubState")] == ["vllm-chat.service", "loaded", "active", "running"]
+
+    # a bad setting (an Environment= line of the unit), and a change of an option with it: the unit and the
+    # config file change, the env file does not
+    bad_spec = spec_for(host, tmp_path / "bad.yml", api_key_file=str(key_file), env=BAD_SETTING,
+                        options={"max-model-len": 4096, "block-size": 16, "max-num-seqs": 32})
+    before = disk_state(host)
+    assert apply_spec(bad_spec, check=True).succeeded  # check mode verifies nothing (nothing restarts) ...
+    assert disk_state(host) == before  # ... and changes nothing
+    pid = main_pid(host)
+    results: list[TaskResult] = []
+    run = apply_spec(bad_spec, on_result=results.append)
+
+    assert not run.succeeded
+    messages = " | ".join(problem.message for problem in run.problems)
+    assert ("chat did not get ready with its new config (chat: ValueError: Invalid attention backend: 'NO_SUCH_BACKEND'): "
+            "restored the previous config file and unit of chat (ready again); fix instances[chat]") in messages, messages
+    assert SECRET not in messages and all(SECRET not in result.message for result in results)
+    assert file_states(host, *files) == ready  # restored: content, owner, mode
+    assert host.ssh(f"systemctl is-active {UNIT}").stdout.strip() == "active" and main_pid(host) != pid
+    process = process_of(host)  # the old config again
+    assert "max_num_seqs" not in process["options"] or process["options"]["max_num_seqs"] != 32
+    assert "STANDIN_FAILS_AT_START" not in process["env"]
+    assert list(file_states(host, *kept).values()) == list(ready.values())  # still the ones that got ready
+
+    # the spec fixed (the option change kept, the bad setting gone): converges, then changes nothing
+    fixed = spec_for(host, tmp_path / "fixed.yml", api_key_file=str(key_file),
+                     options={"max-model-len": 4096, "block-size": 16, "max-num-seqs": 32})
+    assert apply_spec(fixed).succeeded
+    assert process_of(host)["options"]["max_num_seqs"] == 32
+    assert file_states(host, f"{KEPT}/chat.yaml")[f"{KEPT}/chat.yaml"] == file_states(host, CONFIG)[CONFIG]  # committed
+    again = apply_spec(fixed)
+    assert again.succeeded and again.changed == 0
+    assert audit_failures(tmp_path / "fixed.yml") == {host.name: {}}
+
+    # an instance no longer listed goes with its kept files
+    assert apply_spec(spec_for(host, tmp_path / "renamed.yml", name="talk", api_key_file=str(key_file))).succeeded
+    assert host.ssh(f"ls /etc/vllm {KEPT}").stdout.split() == [
+        "/etc/vllm:", "previous", "talk.env", "talk.yaml", f"{KEPT}:", "talk.env", "talk.yaml", "vllm-talk.service"]
+    assert host.ssh(f"test -e /etc/systemd/system/{UNIT}; echo $?").stdout.strip() == "1"
+
+
+def test_a_new_version_and_a_bad_setting_in_one_run_both_go_back(boot, tmp_path):
+    """A version rollback and a config rollback composed: the instance back on the vLLM it ran and on its
+    previous files; the new venv removed."""
+    (host,) = boot(1)
+    install_standin(host)
+    assert apply_spec(spec_for(host, tmp_path / "spec.yml")).succeeded
+    files = ("/etc/vllm/chat.env", CONFIG, f"/etc/systemd/system/{UNIT}")
+    ready = file_states(host, *files)
+
+    run = apply_spec(spec_for(host, tmp_path / "both.yml", version="0.33.0", env=BAD_SETTING,
+                              options={"max-model-len": 4096, "block-size": 16, "max-num-seqs": 32}))
+
+    assert not run.succeeded
+    messages = " | ".join(problem.message for problem in run.problems)
+    assert ("vLLM 0.33.0 did not get ready on chat (chat: ValueError: Invalid attention backend: 'NO_SUCH_BACKEND'): "
+            "rolled back chat to the vLLM in /opt/vllm/venvs/0.25.0 and restored the previous config file and unit of chat "
+            "(ready again)") in messages, messages
+    assert file_states(host, *files) == ready
+    assert process_of(host)["version"] == "0.25.0" and "STANDIN_FAILS_AT_START" not in process_of(host)["env"]
+    assert host.ssh("ls /opt/vllm/venvs").stdout.split() == ["0.25.0"]

@@ -137,36 +137,3 @@ def test_nvidia_gpu_reads_both_units_in_one_round_trip(tmp_path, persistenced_st
         values[name] = evaluate(role_vars("nvidia_gpu")[name], values)
     assert (values["_nvidia_gpu_persistenced"], values["_nvidia_gpu_persistenced_up"],
             values["_nvidia_gpu_boot_unit_up"]) == (persistenced, persistenced_up, boot_unit_up)
-
-
-UNITS_READ = "Read the state of the units, once each has settled"
-
-
-def test_vllm_service_reads_every_unit_in_one_round_trip_and_does_not_wait_for_a_failed_start(tmp_path):
-    """`systemctl show UNIT -p ActiveState,SubState --value` answers two lines; a single-node unit waiting
-    in auto-restart (its start failed) is settled: the read returns at once, naming it not ready."""
-    fake_command(tmp_path / "bin", "systemctl", 'case "$2" in\n'
-                 '  vllm-chat.service) printf "active\\nrunning\\n" ;;\n'
-                 '  vllm-code.service) printf "activating\\nauto-restart\\n" ;;\n'
-                 '  vllm-gone.service) printf "failed\\nfailed\\n" ;;\nesac\n')
-    instances = [{"name": "chat"}, {"name": "code", "options": {"max-model-len": 4096}}, {"name": "gone"}]
-    values = {"_vllm_service_with_unit": instances, "vllm_service_start_timeout": 60}
-    read = run_read("vllm_service", UNITS_READ, values, tmp_path / "bin")
-    values["_vllm_service_active"] = read
-    for name in ("_vllm_service_states", "_vllm_service_not_ready"):
-        values[name] = evaluate(role_vars("vllm_service")[name], values)
-    assert values["_vllm_service_states"] == {"chat": "active/running", "code": "activating/auto-restart",
-                                              "gone": "failed/failed"}
-    assert values["_vllm_service_not_ready"] == ["code", "gone"]
-
-
-def test_vllm_service_waits_for_a_node_of_a_multinode_instance_in_auto_restart(tmp_path):
-    """A node of a group restarts whenever a peer did: it is waited for until it settles (here: the second
-    look finds it active), every 5 s."""
-    fake_command(tmp_path / "bin", "systemctl", f'seen={tmp_path}/seen\n'
-                 'if [ -e "$seen" ]; then printf "active\\nrunning\\n"; else touch "$seen"; '
-                 'printf "activating\\nauto-restart\\n"; fi\n')
-    fake_command(tmp_path / "bin", "sleep", "exit 0\n")  # the 5 s between looks, not waited here
-    values = {"_vllm_service_with_unit": [{"name": "big", "options": {"nnodes": 2}}], "vllm_service_start_timeout": 60}
-    read = run_read("vllm_service", UNITS_READ, values, tmp_path / "bin")
-    assert read["stdout_lines"] == ["big active/running"]

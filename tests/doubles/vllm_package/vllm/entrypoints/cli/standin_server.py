@@ -23,6 +23,8 @@ headless node serves nothing and ends (exit 1) when its leader goes.
 A vLLM that cannot start (a wheel built with fails_at_start: tests/doubles/vllm_wheel.py): the options
 parsed, it writes a traceback ending in that message to stderr, as vLLM dies of a fatal start-up error
 (a CUDA driver too old for its CUDA runtime), and exits 1: it never listens and starts no EngineCore.
+STANDIN_FAILS_AT_START (an instance's env): the same, with that message, from any wheel: a setting of one instance
+that stops it at start (as VLLM_ATTENTION_BACKEND=NO_SUCH_BACKEND does the real vLLM).
 
 Stopping, as real vLLM 0.25 stops (recorded on the H200: tests/fixtures/vllm/h200-drain): on SIGTERM the
 listening socket closes at once (new requests and /health: connection refused); with --shutdown-timeout
@@ -64,8 +66,8 @@ def serve(options):
     model = options.get("model_tag") or options.get("model")
     if not model or model == "serve":
         sys.exit("vllm: error: no model given")
-    if FAILS_AT_START:
-        fail_at_start(FAILS_AT_START)
+    if FAILS_AT_START or os.environ.get("STANDIN_FAILS_AT_START"):
+        fail_at_start(FAILS_AT_START or os.environ["STANDIN_FAILS_AT_START"])
     served = options.get("served_model_name") or [model]
     host = options.get("host") or "0.0.0.0"
     port = int(options.get("port") or 8000)
