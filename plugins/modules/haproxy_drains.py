@@ -78,6 +78,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.haproxy_runtime import (
+    RECORD_DIR,
     Failure,
     Missing,
     command,
@@ -119,7 +120,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             socket=dict(type="path", default="/run/haproxy/admin.sock"),
-            record_dir=dict(type="path", default="/var/lib/vllm-provision/gateway-drains"),
+            record_dir=dict(type="path", default=RECORD_DIR),
             lost=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,

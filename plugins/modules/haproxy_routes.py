@@ -104,6 +104,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.haproxy_runtime import (
+    RECORD_DIR,
     Failure,
     Missing,
     is_serving,
@@ -163,7 +164,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             socket=dict(type="path", default="/run/haproxy/admin.sock"),
-            record_dir=dict(type="path", default="/var/lib/vllm-provision/gateway-drains"),
+            record_dir=dict(type="path", default=RECORD_DIR),
             out=dict(type="list", elements="dict", default=[]),
             min_serving=dict(type="str", default="1"),
             missing=dict(type="str", default="ignore", choices=["fail", "ignore"]),

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,8 +293,7 @@ def test_a_bad_setting_on_the_canary_is_rolled_back_then_fixed_forward_then_a_wi
     assert wide.result.succeeded, [(p.host, p.label, p.message) for p in wide.result.problems]
     assert wide.report.failed_total == 0, wide.timeline(fleet)
     assert [wide.result.turns[host.name].batch for host in fleet.serving] == [1, 2, 2], wide.timeline(fleet)
-    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
-    assert audit_failures(fleet) == clean(fleet)
+    every_replica_serves(fleet)
 
 
 RECORDS = "/var/lib/vllm-provision/gateway-drains"  # role rollout's rollout_record_dir on the gateway host
@@ -307,6 +307,22 @@ def gateway_admin(fleet: Fleet) -> dict[str, str]:
     rows = [line.split() for line in text.splitlines()[2:] if line.strip() and not line.startswith("#")]
     bits = {"0": "ready", "8": "drain", "1": "maint"}
     return {row[3]: bits.get(row[6], row[6]) for row in rows if row[1].startswith("public-")}
+
+
+def every_replica_serves(fleet: Fleet) -> None:
+    """Every replica in rotation at the gateway, and the audit clean on every host."""
+    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(len(fleet.serving))}
+    assert audit_failures(fleet) == clean(fleet)
+
+
+def the_next_rolling_apply_converges(fleet: Fleet, spec: dict, title: str) -> None:
+    """After a rollout that did not finish: `spec` again with --rolling --batch 1 succeeds, no request lost,
+    every replica serves."""
+    rerun = run_under_load(fleet, spec, Rollout(batch="1"))
+    print(f"\n{title}\n{rerun.timeline(fleet)}")
+    assert rerun.result.succeeded, [(p.host, p.label, p.message) for p in rerun.result.problems]
+    assert rerun.report.failed_total == 0, rerun.timeline(fleet)
+    every_replica_serves(fleet)
 
 
 def test_a_batch_that_would_empty_a_route_is_refused_before_any_drain(fleet, upgrade):
@@ -361,12 +377,7 @@ def test_an_interrupted_rollout_puts_its_drain_back_and_says_so(fleet, upgrade, 
         assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
         assert fleet.edge.ssh(f"ls {RECORDS}").stdout.split() == []
 
-    rerun = run_under_load(fleet, spec, Rollout(batch="1"))
-    print(f"\n(interrupted) the next rolling apply\n{rerun.timeline(fleet)}")
-    assert rerun.result.succeeded, [(p.host, p.label, p.message) for p in rerun.result.problems]
-    assert rerun.report.failed_total == 0, rerun.timeline(fleet)
-    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
-    assert audit_failures(fleet) == clean(fleet)
+    the_next_rolling_apply_converges(fleet, spec, "(interrupted) the next rolling apply")
 
 
 def admin_command(fleet: Fleet, command: str) -> None:
@@ -443,36 +454,59 @@ def unit_stops(host, instance: str, since: float) -> list[float]:
     return [float(line.split()[0]) for line in text.splitlines() if line.strip()]
 
 
+@dataclass
+class Background:
+    """A rolling apply running in a thread of its own while the test acts on the fleet (rolling_in_background)."""
+
+    watch: GatewayWatch
+    load: Load
+    started: float = 0.0  # the wall clock when the apply began, and when it returned
+    ended: float = 0.0
+    result: ApplyResult | None = None
+    report: object = None  # the load's, once it stopped
+
+
+@contextmanager
+def rolling_in_background(fleet: Fleet, spec: dict, settle_s: float = STARTUP_S + 3):
+    """Apply `spec` with --rolling --batch 1 in a thread, under the load and a GatewayWatch; the block acts
+    meanwhile; on leaving, the apply's end is waited for, then `settle_s`, then the load stops."""
+    with GatewayWatch(fleet) as watch, Load(fleet.url(), MODEL, KEY, rate=RATE, duration=600, max_tokens=16) as load:
+        time.sleep(2)  # the load steady before the change
+        run = Background(watch, load)
+
+        def apply() -> None:
+            run.result = apply_spec(load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(batch="1")))
+
+        worker = threading.Thread(target=apply)
+        run.started = time.time()
+        worker.start()
+        yield run
+        worker.join(timeout=600)
+        run.ended = time.time()
+        load.mark("apply returned")
+        time.sleep(settle_s)
+        run.report = load.stop()
+
+
 def test_a_gateway_that_restarts_mid_batch_gets_the_drain_back_before_the_replica_restarts(fleet, upgrade):
     """haproxy killed (a crash: nothing saved) once the canary is drained; systemd starts it again with every
     server in rotation, and the recorded drain is set again: the canary's unit stops only while drained."""
-    spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 72})
     canary = fleet.serving[0]
-    with GatewayWatch(fleet) as watch:
-        with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16) as load:
-            time.sleep(2)
-            outcome = {}
-            worker = threading.Thread(target=lambda: outcome.update(result=apply_spec(
-                load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(batch="1")))))
-            started = time.time()
-            worker.start()
-            watch.wait("chat-0", "drain")
-            load.mark("gateway crash")
-            fleet.edge.ssh("systemctl kill --signal=SIGKILL haproxy.service")
-            worker.join(timeout=600)
-            time.sleep(STARTUP_S + 3)
-            report = load.stop()
-    result = outcome["result"]
-    stops = unit_stops(canary, "chat-0", started - 1)
-    print(f"\n(gateway crash) haproxy killed once chat-0 was drained\n{report.text()}\n"
-          + "\n".join(f"  chat-0 stopping at {stop - started:.1f} s: the gateway had {watch.at(stop)}" for stop in stops))
-    assert result.succeeded, [(p.host, p.label, p.message) for p in result.problems]
+    with rolling_in_background(fleet, fleet_spec(fleet.serving, fleet.edge, version="0.33.0",
+                                                 **{"max-num-seqs": 72})) as run:
+        run.watch.wait("chat-0", "drain")
+        run.load.mark("gateway crash")
+        fleet.edge.ssh("systemctl kill --signal=SIGKILL haproxy.service")
+    stops = unit_stops(canary, "chat-0", run.started - 1)
+    print(f"\n(gateway crash) haproxy killed once chat-0 was drained\n{run.report.text()}\n"
+          + "\n".join(f"  chat-0 stopping at {stop - run.started:.1f} s: the gateway had {run.watch.at(stop)}"
+                      for stop in stops))
+    assert run.result.succeeded, [(p.host, p.label, p.message) for p in run.result.problems]
     assert stops, "the canary's unit was not restarted"
-    assert all(watch.at(stop).get("chat-0") == "drain" for stop in stops), [watch.at(stop) for stop in stops]
+    assert all(run.watch.at(stop).get("chat-0") == "drain" for stop in stops), [run.watch.at(stop) for stop in stops]
     restarts = fleet.edge.ssh("systemctl show haproxy.service -p NRestarts --value").stdout.strip()
     assert restarts != "0", "haproxy was not restarted by systemd"
-    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
-    assert audit_failures(fleet) == clean(fleet)
+    every_replica_serves(fleet)
 
 
 def test_a_host_lost_mid_batch_is_named_and_taken_out_and_the_others_keep_serving(lab, fleet, upgrade):
@@ -480,38 +514,24 @@ def test_a_host_lost_mid_batch_is_named_and_taken_out_and_the_others_keep_servin
     others serve on, its server goes to maintenance; back on, the next rolling apply puts it back."""
     spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 64})
     lost = fleet.serving[1]
-    with GatewayWatch(fleet) as watch:
-        with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=600, max_tokens=16) as load:
-            time.sleep(2)
-            outcome = {}
-            worker = threading.Thread(target=lambda: outcome.update(result=apply_spec(
-                load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(batch="1")))))
-            started = time.time()
-            worker.start()
-            watch.wait("chat-1", "drain", timeout=300)
-            load.mark(f"{lost.name} powered off")
-            lab.power_off(lost)
-            cut = time.time()
-            worker.join(timeout=600)
-            ended = time.time()
-            load.mark("apply exited")
-            time.sleep(3)
-            report = load.stop()
-    result = outcome["result"]
-    print(f"\n(lost host) {lost.name} powered off mid-batch; the apply ended {ended - cut:.1f} s later\n{report.text()}")
+    with rolling_in_background(fleet, spec, settle_s=3) as run:
+        run.watch.wait("chat-1", "drain", timeout=300)
+        run.load.mark(f"{lost.name} powered off")
+        lab.power_off(lost)
+        cut = time.time()
+    result = run.result
+    print(f"\n(lost host) {lost.name} powered off mid-batch; the apply ended {run.ended - cut:.1f} s later\n"
+          f"{run.report.text()}")
     assert not result.succeeded
     assert result.lost == [lost.name], result.stats
-    assert ended - cut < 120, "the lost host held the run"
-    assert report.failed_total == 0, report.text()  # drained before the power went
+    assert run.ended - cut < 120, "the lost host held the run"
+    assert run.report.failed_total == 0, run.report.text()  # drained before the power went
+    outcomes = {row["host"]: row["outcome"] for row in rollout_rows(result, [host.name for host in fleet.serving])}
+    assert outcomes[lost.name].startswith("lost mid-batch (unreachable at "), outcomes
+    assert outcomes[fleet.serving[2].name] == "not reached: the rollout stopped before its batch", outcomes
     said = " ".join(note for task in result.recovery for note in task.notes)
-    assert f"maintenance for public-0/chat-1 (host lost)" in said, said
+    assert "maintenance for public-0/chat-1 (host lost)" in said, said
     assert gateway_admin(fleet)["chat-1"] == "maint"
-    assert fleet.serving[2].name not in result.turns  # not reached
 
     lab.power_on(lost)
-    rerun = run_under_load(fleet, spec, Rollout(batch="1"))
-    print(f"\n(lost host) back on; the next rolling apply\n{rerun.timeline(fleet)}")
-    assert rerun.result.succeeded, [(p.host, p.label, p.message) for p in rerun.result.problems]
-    assert rerun.report.failed_total == 0, rerun.timeline(fleet)
-    assert gateway_admin(fleet) == {f"chat-{index}": "ready" for index in range(3)}
-    assert audit_failures(fleet) == clean(fleet)
+    the_next_rolling_apply_converges(fleet, spec, "(lost host) back on; the next rolling apply")
