@@ -242,35 +242,72 @@ def reapply(folder, path):
     return lines
 
 
+def worker_pid(path):
+    """The pid of the haproxy process that answers on the socket (a reload replaces it)."""
+    for line in ask(path, "show info").splitlines():
+        if line.startswith("Pid:"):
+            return line.split(":", 1)[1].strip()
+    raise Failure("HAProxy's 'show info' names no Pid")
+
+
 def save(state_file, path):
-    """Write `show servers state` to `state_file` (haproxy's server-state-file), whole or not at all."""
+    """Write `show servers state` to `state_file` (haproxy's server-state-file), whole or not at all, and beside
+    it the pid of the process it came from (`settle` waits for another one)."""
     answer = ask(path, "show servers state")
     parse_servers_state(answer)  # an answer haproxy could not load again is not written
-    temporary = "%s.%d.tmp" % (state_file, os.getpid())
-    with open(temporary, "w", encoding="utf-8") as stream:
-        stream.write(answer)
-    os.replace(temporary, state_file)
+    pid = worker_pid(path)
+    for target, text in ((state_file + ".pid", pid), (state_file, answer)):
+        temporary = "%s.%d.tmp" % (target, os.getpid())
+        with open(temporary, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, target)
+
+
+def forget(state_file):
+    """The saved state is loaded once, by the start or the reload right after it was saved: then it goes, so that
+    a later start (after a crash, which saves nothing) cannot bring an older state back."""
+    for target in (state_file, state_file + ".pid"):
+        try:
+            os.remove(target)
+        except OSError:
+            pass
+
+
+def wait_for_socket(path, old_pid=None, seconds=10.0):
+    """Until haproxy answers on the socket (with another process than `old_pid`, after a reload), or `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if worker_pid(path) != old_pid:
+                return True
+        except Failure:
+            pass
+        time.sleep(0.1)
+    return False
 
 
 def main(argv):
-    """`read FOLDER SOCKET`: the backends and the records as JSON (the audit); `reapply FOLDER SOCKET` (haproxy
-    just started); `save STATE_FILE SOCKET` (before a reload or a stop). Role gateway's drop-in runs the last two."""
+    """Role gateway's haproxy.service drop-in runs `save STATE SOCKET` before a reload or a stop, `settle FOLDER
+    SOCKET STATE` after a reload and after a start (the state loaded: it goes; the recorded drains set again);
+    the audit runs `read FOLDER SOCKET` (the backends and the records as JSON)."""
     action, folder, path = argv[1:4]
     if action == "save":
         try:
             save(folder, path)
-        except (Failure, OSError) as problem:  # haproxy not running (a crash): an older state must not come back
-            print("server state not saved: %s; %s removed" % (problem, folder))
-            try:
-                os.remove(folder)
-            except OSError:
-                pass
+        except (Failure, OSError) as problem:  # haproxy not running: no state to keep
+            print("server state not saved: %s" % problem)
+            forget(folder)
         return 0
-    if action == "reapply":
-        for _ in range(50):  # haproxy's socket comes up with its first worker
-            if os.path.exists(path):
-                break
-            time.sleep(0.1)
+    if action == "settle":
+        state_file = argv[4]
+        try:
+            with open(state_file + ".pid", encoding="utf-8") as stream:
+                old_pid = stream.read().strip()
+        except OSError:
+            old_pid = None
+        if not wait_for_socket(path, old_pid):
+            print("haproxy did not answer on %s: the recorded drains are set at its next start" % path)
+        forget(state_file)
         print("\n".join(reapply(folder, path)))
         return 0
     try:

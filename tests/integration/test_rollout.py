@@ -220,7 +220,8 @@ def test_a_failed_upgrade_rolls_the_canary_back_and_leaves_the_others_untouched(
     (problem,) = [p for p in run.result.problems if p.host == canary.name]
     chat = fleet.instance(canary)
     assert problem.message.startswith(f"vLLM 0.33.0 did not get ready on {chat} ({chat}: {BROKEN}): rolled back "
-                                      f"{chat} to the vLLM in /opt/vllm/venvs/0.25.0 (ready again)"), problem.message
+                                      f"{chat} to the vLLM in /opt/vllm/venvs/0.25.0 and restored the previous unit of "
+                                      f"{chat} (ready again)"), problem.message
     assert run.report.failed_total == 0, run.timeline(fleet)
     # onto 0.33.0 it failed to start, then it started again on 0.25.0
     assert unit_starts(canary, chat, run.started - 1, "Failed to start"), run.timeline(fleet)
@@ -325,6 +326,14 @@ def the_next_rolling_apply_converges(fleet: Fleet, spec: dict, title: str) -> No
     every_replica_serves(fleet)
 
 
+def wait_recorded(fleet: Fleet, server: str, timeout: float = 300) -> None:
+    """Until the rollout has recorded its drain of `server` on the gateway host (its turn has begun)."""
+    deadline = time.monotonic() + timeout
+    while f"public-0.{server}.json" not in fleet.edge.ssh(f"ls {RECORDS}").stdout.split():
+        assert time.monotonic() < deadline, f"no drain of {server} recorded within {timeout} s"
+        time.sleep(0.2)
+
+
 def test_a_batch_that_would_empty_a_route_is_refused_before_any_drain(fleet, upgrade):
     """All three replicas in one batch (canary 3): the route would keep none serving; refused, nothing drained."""
     spec = fleet.spec
@@ -356,10 +365,10 @@ def test_an_interrupted_rollout_puts_its_drain_back_and_says_so(fleet, upgrade, 
         time.sleep(2)
         process = subprocess.Popen([str(provision), "apply", "--rolling", "--spec", str(path)],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "drain" not in gateway_admin(fleet).values():
-            assert time.monotonic() < deadline and process.poll() is None, process.communicate()[0]
-            time.sleep(0.2)
+        wait_recorded(fleet, "chat-0", timeout=120)
+        while gateway_admin(fleet)["chat-0"] != "drain":  # recorded first, then drained
+            assert process.poll() is None, process.communicate()[0]
+            time.sleep(0.1)
         load.mark("SIGINT")
         os.killpg(process.pid, signal.SIGINT)
         output = process.communicate(timeout=300)[0]
@@ -494,6 +503,7 @@ def test_a_gateway_that_restarts_mid_batch_gets_the_drain_back_before_the_replic
     canary = fleet.serving[0]
     with rolling_in_background(fleet, fleet_spec(fleet.serving, fleet.edge, version="0.33.0",
                                                  **{"max-num-seqs": 72})) as run:
+        wait_recorded(fleet, "chat-0")
         run.watch.wait("chat-0", "drain")
         run.load.mark("gateway crash")
         fleet.edge.ssh("systemctl kill --signal=SIGKILL haproxy.service")
@@ -515,7 +525,8 @@ def test_a_host_lost_mid_batch_is_named_and_taken_out_and_the_others_keep_servin
     spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 64})
     lost = fleet.serving[1]
     with rolling_in_background(fleet, spec, settle_s=3) as run:
-        run.watch.wait("chat-1", "drain", timeout=300)
+        wait_recorded(fleet, "chat-1")
+        run.watch.wait("chat-1", "drain", timeout=60)
         run.load.mark(f"{lost.name} powered off")
         lab.power_off(lost)
         cut = time.time()

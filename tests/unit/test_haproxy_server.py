@@ -387,39 +387,52 @@ def test_recovery_puts_back_ready_replicas_keeps_failing_ones_and_takes_out_lost
     assert not drains(record_dir=str(records))["changed"]
 
 
-@needs_haproxy
-def test_recorded_drains_are_set_again_when_haproxy_starts_afresh(gateway, module, records):
-    module(server="chat-1", state="drain", record_dir=str(records), host="gpu1")
+KEEPER = [sys.executable, str(ROOT / "plugins" / "module_utils" / "haproxy_runtime.py")]  # role gateway's drop-in
+
+
+def restart_after_a_crash(gateway: Gateway) -> None:
     gateway.haproxy.kill()  # a crash: nothing saved
     gateway.haproxy.wait()
     gateway.haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(gateway.folder / "haproxy.cfg")],
                                        stdout=(gateway.folder / "haproxy.log").open("a"), stderr=subprocess.STDOUT)
-    while not gateway.socket.exists() or admin_or_none(gateway, "chat-1") is None:
+    while admin_or_none(gateway, "chat-1") is None:
         time.sleep(0.02)
+
+
+@needs_haproxy
+def test_recorded_drains_are_set_again_when_haproxy_starts_afresh(gateway, module, records, tmp_path):
+    module(server="chat-1", state="drain", record_dir=str(records), host="gpu1")
+    restart_after_a_crash(gateway)
     assert admin(gateway, "chat-1") == "ready"  # haproxy forgot
-    said = subprocess.run([sys.executable, str(ROOT / "plugins" / "module_utils" / "haproxy_runtime.py"), "reapply",
-                           str(records), str(gateway.socket)], capture_output=True, text=True, timeout=30)
+    said = subprocess.run([*KEEPER, "settle", str(records), str(gateway.socket), str(tmp_path / "server-state")],
+                          capture_output=True, text=True, timeout=30)
     assert said.returncode == 0 and said.stdout.startswith("public-0/chat-1: drain again"), said
     assert admin(gateway, "chat-1") == "drain"
 
 
 @needs_haproxy
-def test_the_server_state_is_saved_whole_and_a_stale_one_removed_when_haproxy_is_gone(gateway, tmp_path):
-    """Role gateway's drop-in saves `show servers state` before a reload or a stop (haproxy loads it at start);
-    when haproxy is not there to answer (a crash), the older file goes: it must not bring an old drain back."""
-    keeper = [sys.executable, str(ROOT / "plugins" / "module_utils" / "haproxy_runtime.py"), "save"]
+def test_the_server_state_is_saved_whole_then_forgotten_once_loaded(gateway, tmp_path, records):
+    """Role gateway's drop-in saves `show servers state` before a reload or a stop (haproxy loads it at its
+    next start or reload); `settle`, after that start or reload, forgets it: a later crash, which saves
+    nothing, cannot bring an older state back (an operator's drain undone since would come back)."""
     state_file = tmp_path / "server-state"
     gateway.query("set server public-0/chat-2 state drain")
-    saved = subprocess.run([*keeper, str(state_file), str(gateway.socket)], capture_output=True, text=True, timeout=30)
+    saved = subprocess.run([*KEEPER, "save", str(state_file), str(gateway.socket)], capture_output=True, text=True,
+                           timeout=30)
     assert saved.returncode == 0 and saved.stdout == "", saved
     rows = {row["srv_name"]: haproxy_runtime.admin_state(int(row["srv_admin_state"]))
             for row in haproxy_runtime.parse_servers_state(state_file.read_text())}
     assert rows == {"chat-1": "ready", "chat-2": "drain", "big-1": "ready"}
+    assert (tmp_path / "server-state.pid").read_text() == haproxy_runtime.worker_pid(str(gateway.socket))
 
-    gone = subprocess.run([*keeper, str(state_file), str(tmp_path / "no.sock")], capture_output=True, text=True,
-                          timeout=30)
-    assert gone.returncode == 0 and "server state not saved" in gone.stdout, gone
-    assert not state_file.exists()
+    restart_after_a_crash(gateway)  # another process: settle does not wait for one
+    settled = subprocess.run([*KEEPER, "settle", str(records), str(gateway.socket), str(state_file)],
+                             capture_output=True, text=True, timeout=30)
+    assert settled.returncode == 0 and not state_file.exists() and not (tmp_path / "server-state.pid").exists()
+
+    gone = subprocess.run([*KEEPER, "save", str(state_file), str(tmp_path / "no.sock")], capture_output=True,
+                          text=True, timeout=30)
+    assert gone.returncode == 0 and "server state not saved" in gone.stdout and not state_file.exists(), gone
 
 
 def admin_or_none(gateway: Gateway, server: str) -> str | None:
