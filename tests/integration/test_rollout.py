@@ -541,7 +541,8 @@ def test_a_host_lost_mid_batch_is_named_and_taken_out_and_the_others_keep_servin
     assert outcomes[lost.name].startswith("lost mid-batch (unreachable at "), outcomes
     assert outcomes[fleet.serving[2].name] == "not reached: the rollout stopped before its batch", outcomes
     said = " ".join(note for task in result.recovery for note in task.notes)
-    assert "maintenance for public-0/chat-1 (host lost)" in said, said
+    assert "maintenance for public-0/chat-1 (host lost)" in said, [
+        (task.host, task.label, task.status, task.message, task.notes) for task in result.recovery]
     assert gateway_admin(fleet)["chat-1"] == "maint"
 
     lab.power_on(lost)
