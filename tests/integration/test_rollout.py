@@ -43,6 +43,7 @@ KEY = "sk-lab-rollout-5b2e71"
 PORT = 8080
 STARTUP_S = 3  # the stand-in's model load: a fleet restarted at once has no replica for this long
 RATE = 20  # requests a second, from the bastion
+STREAMED = 0.5  # of them streamed (the rest answered whole); half of each chat, half completions (Load's mix)
 BROKEN = "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
 
 
@@ -141,7 +142,7 @@ def unit_starts(host, instance: str, since: float, outcome: str = "Started") -> 
 def run_under_load(fleet: Fleet, spec: dict, rollout: Rollout | None) -> Run:
     """Apply `spec` while the load runs through the gateway; mark each host's drain, restart and return."""
     path = fleet.write(spec)
-    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=900, max_tokens=16) as load:
+    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=900, max_tokens=16, stream=STREAMED) as load:
         time.sleep(2)  # the load steady before the change
 
         def mark(task: TaskResult) -> None:
@@ -337,7 +338,7 @@ def wait_recorded(fleet: Fleet, server: str, timeout: float = 300) -> None:
 def test_a_batch_that_would_empty_a_route_is_refused_before_any_drain(fleet, upgrade):
     """All three replicas in one batch (canary 3): the route would keep none serving; refused, nothing drained."""
     spec = fleet.spec
-    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16) as load:
+    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16, stream=STREAMED) as load:
         time.sleep(2)
         result = apply_spec(load_spec(fleet.write(spec)), controls=Controls(rollout=Rollout(canary=3)))
         time.sleep(2)
@@ -361,7 +362,7 @@ def test_an_interrupted_rollout_puts_its_drain_back_and_says_so(fleet, upgrade, 
     spec = fleet_spec(fleet.serving, fleet.edge, version="0.33.0", **{"max-num-seqs": 80})
     path = fleet.write(spec)
     provision = Path(sys.executable).with_name("provision")
-    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16) as load:
+    with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16, stream=STREAMED) as load:
         time.sleep(2)
         process = subprocess.Popen([str(provision), "apply", "--rolling", "--spec", str(path)],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -479,7 +480,8 @@ class Background:
 def rolling_in_background(fleet: Fleet, spec: dict, settle_s: float = STARTUP_S + 3):
     """Apply `spec` with --rolling --batch 1 in a thread, under the load and a GatewayWatch; the block acts
     meanwhile; on leaving, the apply's end is waited for, then `settle_s`, then the load stops."""
-    with GatewayWatch(fleet) as watch, Load(fleet.url(), MODEL, KEY, rate=RATE, duration=600, max_tokens=16) as load:
+    with GatewayWatch(fleet) as watch, \
+            Load(fleet.url(), MODEL, KEY, rate=RATE, duration=600, max_tokens=16, stream=STREAMED) as load:
         time.sleep(2)  # the load steady before the change
         run = Background(watch, load)
 
