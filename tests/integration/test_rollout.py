@@ -1,16 +1,19 @@
-"""Zero-downtime fleet changes on real systemd test hosts (bookworm, systemd-nspawn, over SSH): three hosts
-each serve the same model (the stand-in vLLM, TEST DOUBLE; it takes STARTUP_S to load, as a real model
-takes its time), a fourth runs the gateway (Debian's haproxy 2.6, role gateway) balancing the three.
+"""Fleet changes on real systemd test hosts (bookworm, systemd-nspawn, over SSH): three hosts each serve the
+same model (the stand-in vLLM, TEST DOUBLE; it takes STARTUP_S to load, as a real model takes its time), a
+fourth runs the gateway (Debian's haproxy 2.6, role gateway) balancing the three.
 
-While a steady load runs from the bastion (tests/lab/load.py: completions through the gateway, counted),
-one module-scoped fleet goes through, in order:
-  (a) an instance option changed fleet-wide with `apply --rolling --batch 1`;
-  (a') the same kind of change without --rolling (what the rollout buys: the failures it would have cost);
-  (c) an upgrade whose new vLLM never gets ready (TEST DOUBLE wheel that exits at start): the canary is
-      rolled back, the run fails naming the version and the error, the other hosts are untouched;
-  (b) vLLM upgraded fleet-wide, 0.25.0 -> 0.33.0, with --rolling.
-Each rolling run: 0 failed client requests, each host restarted once, in its own window (the timeline is
-printed), the audit clean after.
+While a steady load runs from the bastion (tests/lab/load.py: half chat, half completions, half of each
+streamed, every answer checked), one module-scoped fleet goes through, in order:
+  - an instance option changed fleet-wide with `apply --rolling --batch 1`, then the same without --rolling
+    (what the rollout buys: the failures it would have cost);
+  - an upgrade whose new vLLM never gets ready (TEST DOUBLE wheel that exits at start): the canary rolled
+    back, the others untouched; then vLLM upgraded fleet-wide, 0.25.0 -> 0.33.0, with --rolling;
+  - the failure paths (issue 32): (a) a setting that stops vLLM at start on the canary (its config rolled
+    back, back in rotation), fixed forward, then a wide batch; (b) a batch that would empty the route,
+    refused before any drain; (c) Ctrl-C mid-batch, and haproxy killed mid-batch; (d) a host powered off
+    mid-batch; and an operator's drain across haproxy's reload and restart, an apply and the audit.
+Each prints its timeline with request counts; a rolling run loses no request, and ends with every replica
+in rotation and the audit clean.
 """
 
 from __future__ import annotations
