@@ -110,7 +110,8 @@ def test_apply_json_with_the_spec_from_the_environment(lab_hosts, tmp_path):
                        env={"PROVISION_SPEC": str(folder / "provision.yml"), "XDG_STATE_HOME": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(result.stdout)
-    assert sorted(summary) == ["ansible_output", "check", "hosts", "problems", "rc", "run_log", "spec", "succeeded"]
+    assert sorted(summary) == ["ansible_output", "check", "hosts", "interrupted", "problems", "rc", "run_log", "spec",
+                              "succeeded"]
     assert summary["succeeded"] is True and summary["check"] is False and summary["problems"] == []
     assert sorted(summary["hosts"]) == sorted([first.name, second.name])
     assert summary["hosts"][second.name]["changed"] >= 1 and summary["hosts"][second.name]["failed"] == 0
