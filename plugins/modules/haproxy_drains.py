@@ -56,6 +56,11 @@ restored:
   returned: always
   type: list
   elements: str
+forgotten:
+  description: Recorded servers someone had put back in rotation already - only their record was removed.
+  returned: always
+  type: list
+  elements: str
 maintained:
   description: The servers set to maintenance because their host was lost, with the sessions shut down.
   returned: always
@@ -92,7 +97,7 @@ from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.haproxy_ru
 
 def plan(backends, records, lost):
     """What to do with each recorded server, and each one someone else took out: [(name, action, why)], action one
-    of maint, drain, ready, keep, other."""
+    of maint, drain, ready, forget (the record alone: the server is back already), keep, other."""
     steps = []
     for backend, servers in backends.items():
         for server, state in servers.items():
@@ -108,7 +113,9 @@ def plan(backends, records, lost):
                     steps.append((name, "keep", "maint: its host %s was lost" % record.get("host")))
             elif state["admin"] == "maint":
                 steps.append((name, "drain", "its host answers again: health-checked, no traffic yet"))
-            elif state["admin"] == "ready" or state["status"] in ("DRAIN", "no check"):
+            elif state["admin"] == "ready":  # put back by someone already: only the record goes
+                steps.append((name, "forget", "already in rotation"))
+            elif state["status"] in ("DRAIN", "no check"):
                 steps.append((name, "ready", "its check passes"))
             else:
                 steps.append((name, "keep", "%s: its check fails (%s, %s)"
@@ -126,7 +133,7 @@ def main():
         supports_check_mode=True,
     )
     path, folder = module.params["socket"], module.params["record_dir"]
-    result = dict(changed=False, restored=[], maintained={}, kept={}, others={})
+    result = dict(changed=False, restored=[], forgotten=[], maintained={}, kept={}, others={})
     try:
         backends = read_backends(path)
     except Missing as missing:
@@ -143,6 +150,11 @@ def main():
             result["kept"][name] = why
             continue
         result["changed"] = True
+        if action == "forget":
+            if not module.check_mode:
+                remove_record(folder, backend, server)
+            result["forgotten"].append(name)
+            continue
         if module.check_mode:
             {"maint": result["maintained"], "drain": result["kept"]}.get(action, {})[name] = why
             if action == "ready":
@@ -168,6 +180,8 @@ def main():
             module.fail_json(msg=str(failure), **result)
     words = []
     words += ["put back %s" % ", ".join(result["restored"])] if result["restored"] else []
+    words += ["forgot the drain records of %s (back in rotation already)" % ", ".join(result["forgotten"])] \
+        if result["forgotten"] else []
     words += ["maintenance for %s (host lost)" % ", ".join(result["maintained"])] if result["maintained"] else []
     words += ["kept out: %s" % "; ".join("%s (%s)" % item for item in result["kept"].items())] if result["kept"] else []
     words += ["not ours, kept: %s" % "; ".join("%s (%s)" % item for item in result["others"].items())] if result["others"] else []

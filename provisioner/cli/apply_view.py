@@ -69,8 +69,8 @@ def summary_table(result: ApplyResult, check: bool) -> Table:
 
 
 # the role rollout's tasks whose failure means the host was not changed (roles/rollout/tasks/start.yml)
-NOT_CHANGED = {"Stop the rollout when earlier batches failed": "not reached: the rollout stopped before its batch",
-               "Check each route keeps enough replicas serving while this batch changes": "refused before any drain"}
+STOPPED_TASK = "Stop the rollout when earlier batches failed"
+CAPACITY_TASK = "Check each route keeps enough replicas serving while this batch changes"
 
 
 def host_outcome(result: ApplyResult, host: str) -> str:
@@ -84,9 +84,10 @@ def host_outcome(result: ApplyResult, host: str) -> str:
     for problem in problems:
         if problem.status == "unreachable":
             return f"lost mid-batch (unreachable at {problem.label}): {problem.message}"
-        if problem.task in NOT_CHANGED:
-            return f"{NOT_CHANGED[problem.task]}: {problem.message}" if "refused" in NOT_CHANGED[problem.task] \
-                else NOT_CHANGED[problem.task]
+        if problem.task == STOPPED_TASK:
+            return "not reached: the rollout stopped before its batch"
+        if problem.task == CAPACITY_TASK:  # the route, what its other replicas do, the fix
+            return f"refused before any drain: {problem.message}"
         if "rollback" in problem.task.lower():
             return f"rolled back: {problem.message}"
     if stats is None:

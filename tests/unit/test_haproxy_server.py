@@ -386,6 +386,13 @@ def test_recovery_puts_back_ready_replicas_keeps_failing_ones_and_takes_out_lost
     assert haproxy_runtime.read_records(str(records)) == {}
     assert not drains(record_dir=str(records))["changed"]
 
+    # a record whose server someone put back already: only the record goes, nothing is said to be put back
+    haproxy_runtime.write_record(str(records), "public-0", "chat-1", "drain", "rollout: gpu1", "gpu1")
+    stale = drains(record_dir=str(records))
+    assert stale["changed"] and stale["restored"] == [] and stale["forgotten"] == ["public-0/chat-1"], stale
+    assert stale["msg"] == "forgot the drain records of public-0/chat-1 (back in rotation already)"
+    assert haproxy_runtime.read_records(str(records)) == {} and admin(gateway, "chat-1") == "ready"
+
 
 KEEPER = [sys.executable, str(ROOT / "plugins" / "module_utils" / "haproxy_runtime.py")]  # role gateway's drop-in
 
