@@ -46,12 +46,17 @@ def test_a_rate_for_a_duration_sends_that_many_and_stops_by_itself(tmp_path):
     assert load_threads() == []
 
 
+STREAM_TOKENS = 600
+
+
 def signal_mid_load(tmp_path, shutdown_timeout: int) -> tuple[Report, float, int]:
-    """Streams of 300 tokens (1.5 s each at 5 ms a token) sent at 20/s for 1.5 s; SIGTERM to the server
-    once the last one streams; (the report once every request ended, the signal's moment, the server's exit)."""
+    """Streams of 600 tokens (3 s each at 5 ms a token) sent at 20/s for 1.5 s; SIGTERM to the server
+    once the last one streams; (the report once every request ended, the signal's moment, the server's exit).
+    The first stream is half way at the signal, so a slow, busy machine (CI's 2 cores streamed 300 tokens
+    in 1.72 s) still cuts every one of them before its last token."""
     port = free_port()
     with running(port, tmp_path / "standin.log", "--shutdown-timeout", str(shutdown_timeout)) as server:
-        load = Load(url(port), MODEL, None, rate=20, duration=1.5, max_tokens=300).start()
+        load = Load(url(port), MODEL, None, rate=20, duration=1.5, max_tokens=STREAM_TOKENS).start()
         deadline = time.monotonic() + 10
         while load.report().sent < 30 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -67,12 +72,11 @@ def test_sigterm_with_shutdown_timeout_0_is_counted_as_aborted_streams(tmp_path)
     report, signalled, exit_code = signal_mid_load(tmp_path, shutdown_timeout=0)
     assert exit_code == 0
     assert report.sent == 30 and set(report.failed) == {"aborted"}, report.text()
-    # the streams in flight at the signal (about 27: 1.5 s each, the last sent 0.2 s before), cut at
-    # once; every other one had ended before
+    # every stream is in flight at the signal (3 s each, the first sent about 1.7 s before), cut at once
     aborted = [request for request in report.requests if request.outcome == "aborted"]
     assert len(aborted) >= 10, report.text()
     assert {request.kind for request in aborted} == {"chat", "completions"}, report.text()  # half of each
-    assert all(signalled <= request.ended_s < signalled + 1 and request.tokens < 300 for request in aborted), \
+    assert all(signalled <= request.ended_s < signalled + 1 and request.tokens < STREAM_TOKENS for request in aborted), \
         report.text()
     cut = min(request.ended_s for request in aborted)
     assert all(request.ended_s < cut + 0.1 for request in report.requests if request.outcome == "ok"), report.text()
@@ -84,7 +88,7 @@ def test_sigterm_with_shutdown_timeout_30_costs_no_request(tmp_path):
     assert exit_code == 0
     assert (report.sent, report.ok, report.failed) == (30, 30, {}), report.text()
     assert sum(request.ended_s > signalled + 0.3 for request in report.requests) >= 10, "nothing was in flight"
-    assert all(request.tokens == 300 for request in report.requests)
+    assert all(request.tokens == STREAM_TOKENS for request in report.requests)
 
 
 def test_failures_by_kind(tmp_path):
