@@ -50,7 +50,8 @@ class Preferred:
 PREFERRED = (
     Preferred("ANSIBLE_FORKS", "16", ("DEFAULT_FORKS",)),
     Preferred("ANSIBLE_PIPELINING", "True", ("ANSIBLE_PIPELINING", "connection/ssh/pipelining")),
-    Preferred("ANSIBLE_SSH_ARGS", "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15",
+    # how long a silent host is waited for is the inventory's (ansible_ssh_common_args): one value on every path
+    Preferred("ANSIBLE_SSH_ARGS", "-o ControlMaster=auto -o ControlPersist=120s",
               ("connection/ssh/ssh_args",)),
     # a Debian-family host's python3 (what the collection supports): no discovery round trip per host
     Preferred("ANSIBLE_PYTHON_INTERPRETER", "/usr/bin/python3", ("INTERPRETER_PYTHON",)),

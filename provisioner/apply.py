@@ -7,6 +7,7 @@ we read as they come and turn into `TaskResult`s (live progress) and `HostStats`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,9 @@ from provisioner.selection import select_hosts
 from provisioner.ansible_config import ansible_environment, collections_paths, events_environment
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import host_units, write_inventory
+from provisioner.remote import HostShell
+from provisioner.spec_lock import spec_lock
+from provisioner.unreachable import explain
 from provisioner.preflight import (
     DriverReader,
     check_preflight,
@@ -129,6 +134,7 @@ class Controls:
     forks: int | None = None
     become_password: str | None = field(default=None, repr=False)  # to ansible-playbook's standard input, never written
     rollout: Rollout | None = None  # --rolling: batches, a canary first (provisioner/rollout.py)
+    wait_lock: int = 0  # seconds to wait for another run's lock: the spec's here, each host's (role apply_lock)
 
     def options(self) -> list[str]:
         """ansible-playbook's options for these controls (the become password is not one of them)."""
@@ -141,6 +147,7 @@ class Controls:
         # read from ansible-playbook's standard input (run_playbook writes it there)
         options += ["--become-password-file", "-"] if self.become_password is not None else []
         options += ["--extra-vars", self.rollout.extra_vars()] if self.rollout is not None else []
+        options += ["--extra-vars", json.dumps({"apply_lock_wait": self.wait_lock})] if self.wait_lock else []
         return options
 
 
@@ -218,18 +225,19 @@ def check_controls(controls: Controls) -> None:
         raise ControlError(problem)
 
 
-def _message(result: dict) -> str:
+def _message(result: dict, unreachable: bool = False) -> str:
     """Why a task failed; for a loop, why each of its failed items did (Ansible says only
-    "One or more items failed")."""
-    failed_items = [item for item in result.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+    "One or more items failed"). A lost host's reason is said in network terms."""
+    failed_items = [item for item in result.get("results") or []
+                    if isinstance(item, dict) and (item.get("failed") or item.get("unreachable"))]
     if failed_items:
-        return "\n".join(f"{item.get('_ansible_item_label', item.get('item', '?'))}: {_message(item)}"
-                         for item in failed_items)
+        return "\n".join(f"{item.get('_ansible_item_label', item.get('item', '?'))}: "
+                         f"{_message(item, unreachable=bool(item.get('unreachable')))}" for item in failed_items)
     message = next((str(result[key]).strip() for key in ("msg", "stderr", "module_stderr", "reason") if result.get(key)), "")
     stderr = str(result.get("stderr") or "").strip()
     if stderr and stderr not in message:  # e.g. a template's validate: "failed to validate" + the validator's words
         message += ": " + " / ".join(stderr.splitlines()[-3:])
-    return message
+    return explain(message) if unreachable else message
 
 
 CENSORED = "censored"  # Ansible hands every callback a no_log result as {"censored": ..., "changed": ...}
@@ -257,7 +265,7 @@ def task_result(event: dict) -> TaskResult | None:
         role=data.get("role", "") or "",
         task=data.get("task", "") or "",
         status=status,
-        message=_message(result) if status in ("failed", "unreachable") else "",
+        message=_message(result, unreachable=status == "unreachable") if status in ("failed", "unreachable") else "",
         ignored=bool(data.get("ignore_errors")),
         diffs=diffs,
         notes=_notes(data, result) if status in ("ok", "changed") else [],
@@ -265,11 +273,13 @@ def task_result(event: dict) -> TaskResult | None:
 
 
 def _notes(data: dict, result: dict) -> list[str]:
-    """What a debug task says (the "would ..." of check mode, warnings), item by item for a loop."""
+    """What a debug task says (the "would ..." of check mode, warnings), item by item for a loop; and the warnings
+    a module gave (module apply_lock: whose lock it took over)."""
+    warnings = [f"warning: {str(warning).strip()}" for warning in result.get("warnings") or []]
     if not str(data.get("task_action") or "").endswith("debug"):
-        return []
+        return warnings
     items = [item for item in result.get("results") or [] if isinstance(item, dict)] or [result]
-    return [str(item["msg"]).strip() for item in items if item.get("msg") and not item.get("skipped")]
+    return [str(item["msg"]).strip() for item in items if item.get("msg") and not item.get("skipped")] + warnings
 
 
 def _destination(result: dict) -> str:
@@ -507,13 +517,25 @@ def apply_spec(
     """Generate the spec's inventory into a private folder and run the playbook on `hosts` (host or
     group names, `all`; none: every host of the spec).
 
-    First `check_apply` (nothing touched when it raises); then every chosen host's key (all at once):
+    First `check_apply` (nothing touched when it raises); then the spec's lock on this controller, for the
+    whole run (provisioner/spec_lock.py: SpecBusy when another apply of it runs here, after
+    `controls.wait_lock` seconds; each host's lock is the playbook's, role apply_lock); then every chosen host's
+    key (all at once):
     a host whose key is unknown or changed is not run on; it is reported unreachable, with the
     fingerprints and the fix, and the others go on. Then the NVIDIA driver of each host whose driver the
     spec does not name (`read_driver`, one command each, all at once): one that cannot be read is
     reported unreachable, as a refused key; one too old (or none) raises PreflightError before the
     playbook runs on any host."""
     chosen = check_apply(spec, hosts, controls)
+    with spec_lock(spec.source_path, check=check, wait_s=controls.wait_lock) if spec.source_path \
+            else contextlib.nullcontext():
+        return _apply_hosts(spec, chosen, check=check, diff=diff, controls=controls, on_result=on_result,
+                            on_output=on_output, read_driver=read_driver)
+
+
+def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, controls: Controls,
+                 on_result: Callable[[TaskResult], None] | None, on_output: Callable[[str], None] | None,
+                 read_driver: DriverReader) -> ApplyResult:
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec.source_path, host.name)) for host in chosen])
     refusals = [TaskResult(name, "", f"connect to {check.address}:{check.port}", "unreachable", check.reason())
@@ -535,6 +557,7 @@ def apply_spec(
                 controls = dataclasses.replace(controls, rollout=dataclasses.replace(controls.rollout, units=units))
             result = run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, controls=controls,
                                   on_result=on_result, on_output=on_output)
+            say_how_lost_hosts_answer_now(spec, result)
             if controls.rollout is not None and not check and not result.succeeded and spec.gateways:
                 result.recovery = recover_gateways(Path(inventory_dir), result.lost, controls, on_result)
     refused_stats = {refusal.host: HostStats(unreachable=1) for refusal in refusals}
@@ -542,6 +565,20 @@ def apply_spec(
                     for host in chosen if host.name in refused_stats or host.name in result.stats}
     result.problems[:0] = refusals
     return result
+
+
+def say_how_lost_hosts_answer_now(spec: Spec, result: ApplyResult) -> None:
+    """The hosts lost during the run, connected to once more (all at once, each within ssh's connect
+    timeout): what the network says now is added to why each was lost."""
+    lost = [host for host in spec.hosts if host.name in result.lost]
+    if not lost:
+        return
+    with ThreadPoolExecutor(max_workers=len(lost)) as pool:
+        now = dict(zip([host.name for host in lost],
+                       pool.map(lambda host: HostShell.for_host(host, spec.source_path).answers(), lost)))
+    for problem in result.problems:
+        if problem.status == "unreachable" and problem.host in now and now[problem.host] != problem.message:
+            problem.message += f"; connected to again: {now[problem.host]}"
 
 
 INTERRUPTED_RC = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C

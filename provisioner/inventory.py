@@ -7,6 +7,7 @@ removes the host_vars files it generated earlier for hosts no longer in the spec
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import yaml
 
 from provisioner.files import write_folder
 from provisioner.hostkeys import ssh_options
+from provisioner.unreachable import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL_S, liveness_options
 from provisioner.selection import groups_of
 from provisioner.spec import Container, Gateway, Host, Instance, Spec
 from provisioner.spec.driver import builds_used, minimum_branch, resolved_modules, settings_of, venv_minimum_branch
@@ -142,13 +144,29 @@ def connection_vars(host: Host, file_name: FileName = _as_is) -> dict[str, Any]:
     }
     if ssh.key:
         variables["ansible_ssh_private_key_file"] = file_name(ssh.key)
-    # strict host key checking, the spec's known_hosts the only trust source (provisioner/hostkeys.py);
-    # Ansible puts these after ansible.cfg's ssh_args (which sets none of them): ssh takes the first value
+    # strict host key checking, the spec's known_hosts the only trust source (provisioner/hostkeys.py), and
+    # how long a silent host is waited for (provisioner/remote.py); Ansible puts these after ansible.cfg's
+    # ssh_args (which sets no host-key option): ssh takes the first value
     known_hosts = ssh.known_hosts and file_name(ssh.known_hosts)
-    common_args = shlex.join([item for option in ssh_options(known_hosts) for item in ("-o", option)])
+    options = [*ssh_options(known_hosts), *liveness_options()]
+    common_args = shlex.join([item for option in options for item in ("-o", option)])
     variables["ansible_ssh_common_args"] = Template(common_args) if isinstance(known_hosts, Template) else common_args
+    # Mitogen writes its own keepalive options before every ssh_args: these set them
+    variables["mitogen_ssh_keepalive_interval"] = KEEPALIVE_INTERVAL_S
+    variables["mitogen_ssh_keepalive_count"] = KEEPALIVE_COUNT
+    variables["ansible_control_path"] = control_path(host)
     variables["ansible_become"] = ssh.become
     return variables
+
+
+def control_path(host: Host) -> str:
+    """The socket of Ansible's ssh master for this host, named after everything that decides who connects
+    how (address, port, user, key, known_hosts): a spec that changes the key or the user never rides a master
+    an earlier run authenticated (Ansible's own name has only host, port and user). `%(directory)s` is
+    Ansible's control_path_dir."""
+    ssh = host.ssh
+    identity = "\n".join(str(value) for value in (host.address, ssh.port, ssh.user, ssh.key, ssh.known_hosts))
+    return f"%(directory)s/vp-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
 def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_is) -> dict[str, Any]:

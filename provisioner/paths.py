@@ -64,6 +64,9 @@ def collections_dir(parent: Path) -> Path:
     namespace, name = COLLECTION.split(".")
     link = Path(parent) / "ansible_collections" / namespace / name
     link.parent.mkdir(parents=True, exist_ok=True)
+    content = _existing(CONTENT_ROOT / "galaxy.yml", "the collection").parent
+    if link.is_symlink() and os.readlink(link) != str(content):  # left by another checkout: point it here
+        link.unlink()
     if not link.is_symlink():
-        os.symlink(_existing(CONTENT_ROOT / "galaxy.yml", "the collection").parent, link)
+        os.symlink(content, link)
     return Path(parent)

@@ -16,8 +16,8 @@ from pathlib import Path
 from provisioner.addresses import is_loopback
 from provisioner.hostkeys import Endpoint, explain_refusal, ssh_options, trust_command
 from provisioner.spec import Host
+from provisioner.unreachable import CONNECT_TIMEOUT_S, explain, liveness_options
 
-CONNECT_TIMEOUT_S = 5
 SSH_PORT = 22
 
 
@@ -51,7 +51,7 @@ def connection_options(connection: Connection) -> list[str]:
         f"Port {connection.port}",
         "BatchMode yes",
         f"ConnectTimeout {CONNECT_TIMEOUT_S}",
-        "ServerAliveInterval 15",
+        *liveness_options(),
         "LogLevel ERROR",
     ]
     if connection.key:
@@ -99,10 +99,19 @@ class HostShell:
                                                               self.connection.known_hosts, self.trust_command))
             if refusal:
                 raise RemoteError(refusal)
+            raise RemoteError(f"{self.name}: {explain(result.stderr)}")
         if check and result.returncode != 0:
             output = (result.stderr.strip() or result.stdout.strip())[-2000:]
             raise RemoteError(f"{self.name}: `{_short(command)}` exited {result.returncode}: {output}")
         return result
+
+    def answers(self) -> str:
+        """Connect once more (as every command does): what the network says now, or that it answers."""
+        try:
+            self.run("true", timeout=CONNECT_TIMEOUT_S + 10)
+        except RemoteError as error:
+            return str(error).removeprefix(f"{self.name}: ")
+        return "it answers again"
 
     def read_text(self, path: str) -> str:
         return self.run(f"cat {shlex.quote(path)}").stdout

@@ -30,7 +30,8 @@ from typing import Any
 from provisioner.audit.expectations import Target, profile_expectations, profile_variables
 from provisioner.audit.text import PROGRESS_PREFIX
 from provisioner.hostkeys import check_host, trust_command
-from provisioner.remote import CONNECT_TIMEOUT_S, Connection, connection_options
+from provisioner.remote import Connection, connection_options
+from provisioner.unreachable import CONNECT_TIMEOUT_S, LOST, explain
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 CONTROL_PERSIST = "120s"
@@ -118,9 +119,18 @@ def audit_hosts(
         if reachable:
             for result in run_suite(reachable, config, Path(workdir), notify, reports):
                 reports[result.host].checks.append(result)
+        for report in reports.values():
+            say_lost(report)
     for report in reports.values():
         notify(report.host, "done", report)
     return reports
+
+
+def say_lost(report: HostReport) -> None:
+    """A host lost after it connected could not be audited: one reason, not one error row per check."""
+    if report.checks and all(check.status == "error" for check in report.checks) \
+            and report.checks[0].message.startswith(LOST):
+        report.error, report.checks = report.checks[0].message, []
 
 
 # --------------------------------------------------------------------------- ssh
@@ -160,7 +170,7 @@ def connect(alias: str, config: Path) -> str | None:
     except subprocess.TimeoutExpired:
         return f"ssh to {alias} did not answer within {CONNECT_TIMEOUT_S + 25} s"
     if result.returncode != 0:
-        return result.stderr.strip() or f"ssh exited {result.returncode}"
+        return explain(result.stderr.strip()) or f"ssh exited {result.returncode}"
     return None
 
 

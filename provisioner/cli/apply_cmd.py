@@ -51,6 +51,9 @@ def apply(
     min_serving: Annotated[str, typer.Option(
         "--min-serving", metavar="N|N%", help="With --rolling: replicas each gateway route keeps serving outside a "
         "batch; a batch that would leave fewer is refused before any drain (0: accept an outage).")] = "1",
+    wait_lock: Annotated[int, typer.Option(
+        "--wait-lock", metavar="SECONDS", min=0, help="Wait this long for another apply of the spec (on this "
+        "controller) or of a host (from anywhere) to end; 0: refuse at once, naming it.")] = 0,
 ) -> None:
     """Apply the spec to its hosts (or the HOSTs and GROUPs named): sysctls, nouveau blacklist, /dev/shm,
     NVIDIA settings, vLLM. Every apply keeps a run log; its last line names it."""
@@ -59,6 +62,8 @@ def apply(
     import warnings
     from dataclasses import replace
 
+    from rich.markup import escape
+
     from provisioner.ansible_config import AnsibleConfigError
     from provisioner.apply import ControlError, Controls, apply_spec, check_apply, split_tags
     from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
@@ -66,6 +71,7 @@ def apply(
     from provisioner.rollout import Rollout
     from provisioner.runlog import RunLog
     from provisioner.secrets import redact
+    from provisioner.spec_lock import SpecBusy
 
     out = Output(to_stderr=as_json)
     spec = find_spec_or_exit(spec)
@@ -75,7 +81,8 @@ def apply(
         exit_with(USAGE_ERROR, "--batch, --max-fail and --min-serving say how a rolling apply goes — add --rolling")
     controls = Controls(tags=split_tags(tags or []), skip_tags=split_tags(skip_tags or []),
                         extra_vars=tuple(extra_vars or []), verbosity=verbose, forks=forks,
-                        rollout=Rollout(batch=batch, max_fail=max_fail, min_serving=min_serving) if rolling else None)
+                        rollout=Rollout(batch=batch, max_fail=max_fail, min_serving=min_serving) if rolling else None,
+                        wait_lock=wait_lock)
     try:
         check_apply(loaded, chosen, controls)  # apply_spec checks again; here: before the password prompt
     except (ControlError, AnsibleConfigError) as error:
@@ -98,6 +105,8 @@ def apply(
                                 on_output=lambda line: out.print(redact(line), markup=False, style="dim"))
         except PreflightError as refused:  # a driver read from a host is too old: the playbook did not run
             show_refusal(out, refused)
+        except SpecBusy as busy:  # another apply of the spec runs here: no host was touched
+            out.print(f"[bold red]busy:[/] {escape(str(busy))}")
         else:
             show_summary(out, result, check, chosen if rolling else None)
         out.print(f"run log: {log.path}", markup=False)

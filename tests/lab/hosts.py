@@ -356,9 +356,17 @@ class Lab:
         self._power_on(host)
         return host.wait_for_ssh(timeout)
 
+    def set_link(self, host: TestHost, up: bool) -> None:
+        """Take the host's link down (it goes silent, as with a pulled cable: no packet in or out, no
+        reset; a new connection finds no route) or bring it back up: the bridge side of its veth."""
+        _run("ip", "link", "set", f"vb-{self.bridge[2:]}{host.name}", "up" if up else "down")
+
     def destroy(self, host: TestHost) -> None:
-        """Power a host off and remove its disk and cgroups."""
+        """Power a host off and remove its disk, cgroups and link (a veth whose container namespace the kernel
+        is slow to free, as after its link was taken down with connections open, would stop a later host
+        of the same name from booting)."""
         self.power_off(host)
+        subprocess.run(["ip", "link", "del", f"vb-{self.bridge[2:]}{host.name}"], capture_output=True)
         subprocess.run(["umount", "-l", str(host.root)], capture_output=True)
         _remove_cgroup(host.cgroup)
         shutil.rmtree(host.base, ignore_errors=True)

@@ -138,3 +138,24 @@ def test_check_modes_would_and_warnings_are_kept_as_notes():
     assert results["Report the /dev/shm (re)mount check mode would do"].notes == [
         "would remount /dev/shm with size=1G (live: 2527608832 bytes)"]
     assert results["Say which new instances would be enabled (check mode)"].notes == ["would enable vllm-chat.service"]
+
+
+def test_an_item_lost_mid_loop_is_named_with_the_reason_in_network_terms():
+    """Ansible's loop result says only "One or more items failed"; an item whose host was lost is unreachable,
+    not failed (recorded: Write the units, link down mid-loop)."""
+    result = task_result(event("runner_on_unreachable", res={"msg": "All items completed", "results": [
+        {"item": "a", "changed": True},
+        {"item": "b", "unreachable": True, "msg": "Task failed: Mitogen was disconnected from the remote "
+                                                 "environment while a call was in-progress. If you feel this is in "
+                                                 "error, please file a bug."}]}))
+    assert result.status == "unreachable"
+    assert result.message.startswith("b: the connection closed while a task ran")
+    assert "file a bug" not in result.message and "a:" not in result.message
+
+
+def test_a_module_warning_is_kept_as_a_note():
+    result = task_result(event("runner_on_ok", task_action="vllm_provision.gpu_host.apply_lock", res={
+        "changed": False, "warnings": ["took over the apply lock of alice from bastion-2 (pid 7), since 2026-12-05 "
+                                       "07:00:00 UTC: that run is gone"]}))
+    assert result.notes == ["warning: took over the apply lock of alice from bastion-2 (pid 7), since 2026-12-05 "
+                            "07:00:00 UTC: that run is gone"]

@@ -11,7 +11,8 @@ from rich.console import Console
 
 from provisioner.audit.report import host_table, json_text, junit_text, summary, write_json, write_junit
 from provisioner.remote import Connection
-from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, ssh_config_block
+from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, say_lost, ssh_config_block
+from provisioner.unreachable import LOST
 from tests.unit.test_audit_suite import run_plugin
 
 
@@ -189,3 +190,20 @@ def test_one_master_socket_per_connection_never_shared_with_another_key_or_host(
     assert control_path(connection) == control_path(Connection("192.0.2.1", "root", 22, "/keys/a", "/lab/known_hosts"))
     assert control_path(connection) != control_path(Connection("192.0.2.1", "root", 22, "/keys/a", "/other/known_hosts"))
     assert control_path(connection) != control_path(Connection("192.0.2.2", "root", 22, "/keys/a", "/lab/known_hosts"))
+
+
+def test_a_host_lost_after_it_connected_is_one_reason_not_an_error_row_per_check():
+    lost = f"{LOST} the host stopped answering: no answer for 15 s on the open connection"
+    checks = [CheckResult("a", f"check {index}", "1", "", "error", message=lost) for index in range(75)]
+    lost_report = HostReport("a", "192.0.2.1", checks)
+    say_lost(lost_report)
+    assert (lost_report.error, lost_report.checks) == (lost, [])
+    assert exit_code({"a": lost_report}) == 2
+
+
+@pytest.mark.parametrize("statuses", [("error", "passed"), ("error",)])
+def test_a_check_that_errs_for_its_own_reason_keeps_its_row(statuses):
+    """Only a host whose every check erred with the lost-host reason is collapsed."""
+    kept = report("a", *statuses)
+    say_lost(kept)
+    assert kept.error is None and [check.status for check in kept.checks] == list(statuses)

@@ -291,7 +291,7 @@ def test_the_users_ansible_cfg_is_kept_but_host_key_checking_stays_on(tmp_path, 
     assert effective(names, tmp_path, environment) == {  # what apply runs with
         "DEFAULT_FORKS": 3, "DEFAULT_TIMEOUT": 42, "HOST_KEY_CHECKING": True,
         "connection/ssh/host_key_checking": True, "connection/ssh/pipelining": True,
-        "connection/ssh/ssh_args": "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15"}
+        "connection/ssh/ssh_args": "-o ControlMaster=auto -o ControlPersist=120s"}
 
 
 def test_mitogens_strategy_runs_the_apply_where_the_user_names_none(tmp_path, monkeypatch):

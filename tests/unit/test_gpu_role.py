@@ -34,7 +34,7 @@ def test_every_option_has_a_literal_default():
 
 
 def test_site_runs_the_role_before_the_vllm_units_tagged_nvidia_gpu():
-    play, _gateways, _monitoring = load(PLAYBOOKS_DIR / "site.yml")
+    _lock, play, _gateways, _monitoring, _release = load(PLAYBOOKS_DIR / "site.yml")
     roles = [entry["role"] for entry in play["roles"]]
     assert roles.index(f"{COLLECTION}.nvidia_gpu") < roles.index(f"{COLLECTION}.vllm_service")
     assert next(entry for entry in play["roles"] if entry["role"] == f"{COLLECTION}.nvidia_gpu")["tags"] == ["nvidia_gpu"]

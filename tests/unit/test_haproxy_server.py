@@ -20,6 +20,7 @@ import pytest
 from provisioner.module_utils import haproxy_runtime
 from provisioner.paths import COLLECTION, collections_dir
 from tests.doubles.haproxy_gateway import HAPROXY, Gateway
+from tests.unit.adhoc import run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "haproxy"
@@ -108,22 +109,13 @@ class Runner:
 
     def __init__(self, gateway: Gateway, work: Path, name: str = "haproxy_server"):
         self.gateway, self.work, self.name = gateway, work, name
-        self.env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(work / "collections")),
-                    "ANSIBLE_REMOTE_TMP": str(work / "ansible-tmp"), "ANSIBLE_LOCALHOST_WARNING": "false",
-                    "ANSIBLE_NOCOLOR": "1"}
 
     def __call__(self, *options: str, **args) -> dict:
-        tree = self.work / "tree"
-        (tree / "localhost").unlink(missing_ok=True)
         defaults = {"backend": "public-0", "poll_interval": 0.1} if self.name == "haproxy_server" else {}
         args = {"socket": str(self.gateway.socket), **defaults, **args}
         started = time.monotonic()
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-e",
-             f"ansible_python_interpreter={sys.executable}", "-t", str(tree), "-m", f"{COLLECTION}.{self.name}",
-             "-a", json.dumps(args), *options],
-            env=self.env, capture_output=True, text=True, timeout=120)
-        return {**json.loads((tree / "localhost").read_text()), "failed": done.returncode != 0,
+        result, done = run_module(self.work, self.name, args, *options)
+        return {**result, "failed": done.returncode != 0,
                 "stdout": done.stdout + done.stderr, "ended": time.monotonic(), "seconds": time.monotonic() - started}
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from provisioner.inventory import build_inventory, write_inventory
+from provisioner.inventory import build_inventory, control_path, write_inventory
 from provisioner.paths import EXAMPLES_DIR
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data, write_spec
@@ -130,22 +132,51 @@ def test_hosts_yml_with_absolute_key_and_known_hosts(tmp_path):
     ], instances=[])
     spec = load_spec(write_spec(tmp_path / "spec.yml", data))
     hosts = build_inventory(spec)["hosts.yml"]["all"]["children"]["vllm_hosts"]["hosts"]
+    liveness = "-o 'ServerAliveInterval 5' -o 'ServerAliveCountMax 3'"
     assert hosts == {
         "ws4070": {
             "ansible_host": "192.0.2.20",
             "ansible_port": 2222,
             "ansible_user": "ubuntu",
             "ansible_ssh_private_key_file": f"{tmp_path}/keys/id",
-            # the spec's file is the only trust source; strict; ssh writes no key (UpdateHostKeys no)
+            # the spec's file is the only trust source; strict; ssh writes no key (UpdateHostKeys no);
+            # a silent host is given up after 3 unanswered questions 5 s apart
             "ansible_ssh_common_args": f"-o 'UserKnownHostsFile \"{tmp_path}/known_hosts\"' "
                                        "-o 'GlobalKnownHostsFile /dev/null' -o 'StrictHostKeyChecking yes' "
-                                       "-o 'UpdateHostKeys no'",
+                                       f"-o 'UpdateHostKeys no' {liveness}",
+            # Mitogen's own keepalive options, which it writes before any ssh_args
+            "mitogen_ssh_keepalive_interval": 5,
+            "mitogen_ssh_keepalive_count": 3,
+            "ansible_control_path": hosts["ws4070"]["ansible_control_path"],
             "ansible_become": True,
         },
         "ws3090": {"ansible_host": "192.0.2.10", "ansible_port": 22, "ansible_user": "root",
-                   "ansible_ssh_common_args": "-o 'StrictHostKeyChecking yes' -o 'UpdateHostKeys no'",
+                   "ansible_ssh_common_args": f"-o 'StrictHostKeyChecking yes' -o 'UpdateHostKeys no' {liveness}",
+                   "mitogen_ssh_keepalive_interval": 5,
+                   "mitogen_ssh_keepalive_count": 3,
+                   "ansible_control_path": hosts["ws3090"]["ansible_control_path"],
                    "ansible_become": False},
     }
+    assert all(re.fullmatch(r"%\(directory\)s/vp-[0-9a-f]{16}", entry["ansible_control_path"])
+               for entry in hosts.values())
+
+
+@pytest.mark.parametrize("change", [
+    {"user": "ubuntu"}, {"port": 2222}, {"key": "keys/other"}, {"known_hosts": "other_known_hosts"},
+])
+def test_ssh_master_socket_differs_with_every_option_that_decides_who_connects_how(tmp_path, change):
+    """A spec that names another key (or user, port, known_hosts) never rides a master an earlier run opened."""
+    (tmp_path / "keys").mkdir()
+    for name in ("keys/id", "keys/other", "known_hosts", "other_known_hosts"):
+        (tmp_path / name).write_text("x")
+    base = {"user": "root", "port": 22, "key": "keys/id", "known_hosts": "known_hosts"}
+
+    def socket(ssh):
+        spec = load_spec(write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(ssh=ssh)], instances=[])))
+        return control_path(spec.hosts[0])
+
+    assert socket(base) == socket(dict(base))
+    assert socket({**base, **change}) != socket(base)
 
 
 def test_instances_go_to_their_own_host_in_spec_order():

@@ -331,7 +331,7 @@ def test_every_option_is_typed_with_its_literal_default_and_the_contracts_names_
 
 
 def test_site_runs_the_role_after_nouveau_and_before_the_gpu_settings():
-    play, _gateways, _monitoring = load(PLAYBOOKS_DIR / "site.yml")
+    _lock, play, _gateways, _monitoring, _release = load(PLAYBOOKS_DIR / "site.yml")
     roles = [entry["role"].rsplit(".", 1)[-1] for entry in play["roles"]]
     assert roles[roles.index("nouveau") + 1] == "nvidia_driver"
     assert roles.index("nvidia_driver") < roles.index("shm") < roles.index("nvidia_gpu")

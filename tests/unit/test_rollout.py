@@ -42,11 +42,18 @@ def test_the_site_playbook_gets_the_batches_a_canary_first_and_the_failures_allo
 
 
 def test_the_hosts_play_runs_in_the_rollouts_batches_and_nothing_else_changes_without_one():
-    hosts_play, gateways_play, monitoring_play = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text(encoding="utf-8"))
+    take, hosts_play, gateways_play, monitoring_play, give_back = yaml.safe_load(
+        (PLAYBOOKS_DIR / "site.yml").read_text(encoding="utf-8"))
     assert hosts_play["name"] == HOSTS_PLAY  # the play Timeline counts the batches of
     assert hosts_play["serial"] == "{{ rollout_batches | default([], true) or 0 }}"  # 0: every host at once
     turn = [task for task in hosts_play["pre_tasks"] + hosts_play["post_tasks"] if "rollout" in str(task)]
-    assert [task["ansible.builtin.include_role"]["tasks_from"] for task in turn] == ["start.yml", "finish.yml"]
+    assert [task["ansible.builtin.include_role"]["tasks_from"] for task in turn] == ["renew.yml", "start.yml",
+                                                                                      "finish.yml"]
+    # the lock: every host of the run, before the first batch and after the last play
+    assert [(play["hosts"], play["tasks"][0]["ansible.builtin.import_role"]["tasks_from"])
+            for play in (take, give_back)] == [("vllm_hosts:gateway:monitoring", "acquire.yml"),
+                                               ("vllm_hosts:gateway:monitoring", "release.yml")]
+    assert "serial" not in take
     assert all(task["when"] == "rollout_batches | default([], true) | length > 0" for task in turn)
     assert "serial" not in gateways_play  # after the batches, once
     assert "serial" not in monitoring_play

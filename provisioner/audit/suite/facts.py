@@ -18,6 +18,8 @@ from typing import Any
 
 import testinfra
 
+from provisioner.unreachable import LOST, explain
+
 from provisioner.audit.text import environment_words, shown_argv
 from provisioner.gpu.facts import GpuFacts, facts_from_data
 from provisioner.module_utils import driver_state, sysctl_files
@@ -158,6 +160,10 @@ def read_facts(host: testinfra.host.Host, expected: dict[str, Any]) -> HostFacts
     return parse_facts(expected, outputs)
 
 
+class HostLost(ConnectionError):
+    """The host stopped answering after the audit connected to it."""
+
+
 def run_commands(host: testinfra.host.Host, commands: dict[str, str]) -> dict[str, Output]:
     """Run every command in one SSH round trip; name → its output (stdout and stderr) and exit status."""
     marker = f"@@vp-audit-{secrets.token_hex(6)}"
@@ -166,6 +172,8 @@ def run_commands(host: testinfra.host.Host, commands: dict[str, str]) -> dict[st
         for name, command in commands.items()
     )
     result = host.run(script)
+    if result.rc == 255 and marker not in result.stdout:  # ssh itself failed: the host was lost since it connected
+        raise HostLost(f"{LOST} {explain(result.stderr)}")
     if result.rc != 0 and marker not in result.stdout:
         raise RuntimeError(f"reading the host failed (exit {result.rc}): {result.stderr.strip()[-500:]}")
     return parse_outputs(result.stdout, marker)
