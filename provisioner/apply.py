@@ -7,6 +7,7 @@ we read as they come and turn into `TaskResult`s (live progress) and `HostStats`
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import difflib
@@ -33,6 +34,7 @@ from provisioner.ansible_config import ansible_environment, collections_paths, e
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import host_units, write_inventory
 from provisioner.remote import HostShell
+from provisioner.signals import signals_interrupt
 from provisioner.spec_lock import spec_lock
 from provisioner.unreachable import explain
 from provisioner.preflight import (
@@ -86,6 +88,31 @@ class HostStats:
         return self.failed == 0 and self.unreachable == 0
 
 
+INTERRUPTED_RC = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+ANSIBLE_INTERRUPTED_RC = 99  # ansible-playbook's "User interrupted execution"
+
+
+@dataclass
+class HostProgress:
+    """How far a host got, from the run's events as they came (a run stopped before Ansible counted)."""
+
+    done: int = 0
+    skipped: int = 0
+    changed: list[str] = field(default_factory=list)  # the tasks that changed it, in order
+    last: str = ""  # the last task it finished
+    running: str = ""  # a task it began and has no result for: cut in the middle of it
+
+    def read(self, result: TaskResult) -> None:
+        self.done, self.last, self.running = self.done + 1, result.label, ""
+        self.skipped += result.status == "skipped"
+        if result.status == "changed":
+            self.changed.append(result.label)
+
+
+def _label(data: dict) -> str:
+    return f"{data['role']} : {data.get('task', '')}" if data.get("role") else str(data.get("task", ""))
+
+
 @dataclass
 class ApplyResult:
     rc: int
@@ -94,7 +121,10 @@ class ApplyResult:
     output_tail: str = ""  # Ansible's own last output lines, for errors before any task ran
     turns: dict[str, HostTurn] = field(default_factory=dict)  # each host's batch and time window
     turns_since: float | None = None  # the wall clock (time.time()) the turns' seconds count from
-    interrupted: bool = False  # Ctrl-C (SIGINT) stopped the playbook
+    interrupted: bool = False  # Ctrl-C, SIGTERM or SIGHUP stopped the playbook, or a signal to ansible-playbook
+    interrupted_by: str = ""  # which: "Ctrl-C", "SIGTERM", "SIGHUP", "a signal to ansible-playbook"
+    stopped_before: str = ""  # the task the run stopped before, at a task boundary (no task was cut)
+    progress: dict[str, HostProgress] = field(default_factory=dict)  # each host's, from the events
     # a rolling apply that did not succeed: what the gateways did with the drains it left (rollout_recover)
     recovery: list[TaskResult] = field(default_factory=list)
 
@@ -384,10 +414,12 @@ def run_playbook(
     controls: Controls = Controls(),
     on_output: Callable[[str], None] | None = None,
     on_event: Callable[[dict], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> ApplyResult:
     """Run the collection's site playbook (or `playbook`) on the inventory; call on_result per task
-    result, on_event with each raw event (tests/lab/record_events.py records them) and, with
-    controls.verbosity, on_output with Ansible's own output lines.
+    result, on_event with each raw event (tests/lab/record_events.py records them), with
+    controls.verbosity, on_output with Ansible's own output lines, and on_notice with what the run does about
+    an interrupt (Ctrl-C, SIGTERM, SIGHUP: it stops before the next task; a second time, at once: _run_streaming).
 
     ansible-playbook runs as typed in the current folder, with the collection's event callback
     (plugins/callback/provision_events.py) appending the run's events to a file of a private folder,
@@ -402,15 +434,24 @@ def run_playbook(
     timeline = Timeline()
     output_lines: list[str] = []
 
+    progress: dict[str, HostProgress] = {}
+    stopped_before = ""
+
     def handle(event: dict) -> None:
-        nonlocal stats
+        nonlocal stats, stopped_before
         if on_event is not None:
             on_event(event)
         timeline.read(event)
-        if event.get("event") == "playbook_on_stats":
+        name, data = event.get("event"), event.get("event_data") or {}
+        if name == "playbook_on_stats":
             stats = _stats(event)
+        elif name == "runner_on_start":
+            progress.setdefault(data.get("host", "?"), HostProgress()).running = _label(data)
+        elif name == "provision_stopped":
+            stopped_before = _label(data)
         result = task_result(event)
         if result is not None:
+            progress.setdefault(result.host, HostProgress()).read(result)
             if result.status in ("failed", "unreachable") and not result.ignored:
                 problems.append(result)
             if on_result is not None:
@@ -441,27 +482,51 @@ def run_playbook(
             "ANSIBLE_FORCE_COLOR": "0",
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         }
-        interrupted = False
-        try:
-            rc = _run_streaming(command, variables, controls.become_password, events_file, output_file,
-                                on_event_line=lambda line: handle(json.loads(line)), on_output_line=output)
-        except KeyboardInterrupt:  # Ansible got SIGINT and stopped: what it did so far is reported
-            rc, interrupted = INTERRUPTED_RC, True
+        stop_file = Path(private_dir) / "stop"
+        variables["PROVISION_STOP_FILE"] = str(stop_file)
+        with signals_interrupt():
+            rc, interrupted_by = _run_streaming(
+                command, variables, controls.become_password, events_file, output_file, stop_file,
+                on_event_line=lambda line: handle(json.loads(line)), on_output_line=output, on_notice=on_notice)
+        if not interrupted_by and (rc == ANSIBLE_INTERRUPTED_RC or rc < 0):  # the signal went to it alone
+            interrupted_by = "a signal to ansible-playbook"
+        interrupted = bool(interrupted_by)
+        if interrupted and not stats:  # Ansible stops before it counts: what the events said
+            stats = {host: _tally(host, progress[host], problems) for host in progress}
         output_tail = "" if stats else "\n".join(line for line in output_lines if line.strip())
-    return ApplyResult(rc=rc, stats=stats, problems=problems, output_tail=output_tail, turns=timeline.turns,
-                       turns_since=timeline.started_at, interrupted=interrupted)
+    return ApplyResult(rc=INTERRUPTED_RC if interrupted else rc, stats=stats, problems=problems,
+                       output_tail=output_tail, turns=timeline.turns, turns_since=timeline.started_at,
+                       interrupted=interrupted, interrupted_by=interrupted_by, stopped_before=stopped_before,
+                       progress=progress)
+
+
+def _tally(host: str, progress: HostProgress, problems: list[TaskResult]) -> HostStats:
+    """A host's counts from its task results, for a run that ended before Ansible counted."""
+    failed = sum(problem.host == host and problem.status == "failed" for problem in problems)
+    unreachable = sum(problem.host == host and problem.status == "unreachable" for problem in problems)
+    changed = len(progress.changed)
+    return HostStats(ok=progress.done - progress.skipped - changed - failed - unreachable, changed=changed,
+                     failed=failed, unreachable=unreachable, skipped=progress.skipped)
 
 
 def _run_streaming(command: list[str], variables: dict[str, str], password: str | None, events_file: Path,
-                   output_file: Path, *, on_event_line: Callable[[str], None],
-                   on_output_line: Callable[[str], None]) -> int:
-    """Run ansible-playbook, its output to `output_file`; read its events file and its output as they come
-    (every POLL_SECONDS), each complete line to its callback; the become password (if any) on its standard
-    input. Interrupted (Ctrl-C, an error in a callback): it gets SIGINT and stops as on Ctrl-C. Its exit code."""
+                   output_file: Path, stop_file: Path, *, on_event_line: Callable[[str], None],
+                   on_output_line: Callable[[str], None],
+                   on_notice: Callable[[str], None] | None = None) -> tuple[int, str]:
+    """Run ansible-playbook in a session of its own, its output to `output_file`; read its events file and its
+    output as they come (every POLL_SECONDS), each complete line to its callback; the become password (if any)
+    on its standard input. (Its exit code, and what interrupted it: "" when nothing did.)
+
+    Interrupted once (Ctrl-C, or SIGTERM/SIGHUP under signals_interrupt): `stop_file` asks it to stop at the
+    next task boundary (plugins/callback/provision_events.py), and it is waited for. Twice, or by an error in a
+    callback: its whole process group gets SIGINT and stops at once, as on Ctrl-C, its workers with it."""
     events, lines = AppendedLines(events_file), AppendedLines(output_file)
     with open(output_file, "wb") as output_stream:
         process = subprocess.Popen(command, env=variables, stdout=output_stream, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL)
+                                   stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL,
+                                   start_new_session=True)
+    interrupted_by = ""
+    pending: collections.deque[str] = collections.deque()  # read, not handled yet: none lost to an interrupt
     try:
         if password is not None:  # read by --become-password-file - until the pipe closes
             try:
@@ -470,26 +535,41 @@ def _run_streaming(command: list[str], variables: dict[str, str], password: str 
             except BrokenPipeError:  # it stopped before reading it: its output says why
                 pass
         while True:
-            ended = process.poll() is not None
-            for line in events.read():
-                if line.strip():
-                    on_event_line(line)
-            for line in lines.read():
-                on_output_line(line)
-            if ended:
-                break
-            time.sleep(POLL_SECONDS)
+            try:
+                ended = process.poll() is not None
+                pending.extend(line for line in events.read() if line.strip())
+                while pending:
+                    on_event_line(pending[0])
+                    pending.popleft()
+                for line in lines.read():
+                    on_output_line(line)
+                if ended:
+                    break
+                time.sleep(POLL_SECONDS)
+            except KeyboardInterrupt as interrupt:
+                if interrupted_by:  # the second: at once
+                    raise
+                interrupted_by = str(interrupt) if str(interrupt).startswith("SIG") else "Ctrl-C"
+                stop_file.touch()
+                if on_notice is not None:
+                    on_notice(f"{interrupted_by}: stopping before the next task (again: at once, cutting the tasks "
+                              "that run)")
+    except KeyboardInterrupt as interrupt:  # stopped at once below; what it did so far is reported
+        interrupted_by = interrupted_by or (str(interrupt) if str(interrupt).startswith("SIG") else "Ctrl-C")
     finally:
-        if process.poll() is None:  # interrupted: Ansible stops as on Ctrl-C, its workers with it
-            process.send_signal(signal.SIGINT)
+        if process.poll() is None:  # interrupted twice, or an error here: Ansible stops as on Ctrl-C, at once
+            os.killpg(process.pid, signal.SIGINT)
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+            for line in [*pending, *events.read()]:  # what it said on its way out
+                if line.strip():
+                    on_event_line(line)
         events.close()
         lines.close()
-    return process.returncode
+    return process.returncode, interrupted_by
 
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:
@@ -512,6 +592,7 @@ def apply_spec(
     controls: Controls = Controls(),
     on_result: Callable[[TaskResult], None] | None = None,
     on_output: Callable[[str], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
     read_driver: DriverReader = read_driver,
 ) -> ApplyResult:
     """Generate the spec's inventory into a private folder and run the playbook on `hosts` (host or
@@ -530,12 +611,12 @@ def apply_spec(
     with spec_lock(spec.source_path, check=check, wait_s=controls.wait_lock) if spec.source_path \
             else contextlib.nullcontext():
         return _apply_hosts(spec, chosen, check=check, diff=diff, controls=controls, on_result=on_result,
-                            on_output=on_output, read_driver=read_driver)
+                            on_output=on_output, on_notice=on_notice, read_driver=read_driver)
 
 
 def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, controls: Controls,
                  on_result: Callable[[TaskResult], None] | None, on_output: Callable[[str], None] | None,
-                 read_driver: DriverReader) -> ApplyResult:
+                 on_notice: Callable[[str], None] | None, read_driver: DriverReader) -> ApplyResult:
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec.source_path, host.name)) for host in chosen])
     refusals = [TaskResult(name, "", f"connect to {check.address}:{check.port}", "unreachable", check.reason())
@@ -556,7 +637,7 @@ def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, con
                 units = tuple(len(unit) for unit in host_units(spec, allowed))
                 controls = dataclasses.replace(controls, rollout=dataclasses.replace(controls.rollout, units=units))
             result = run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, controls=controls,
-                                  on_result=on_result, on_output=on_output)
+                                  on_result=on_result, on_output=on_output, on_notice=on_notice)
             say_how_lost_hosts_answer_now(spec, result)
             if controls.rollout is not None and not check and not result.succeeded and spec.gateways:
                 result.recovery = recover_gateways(Path(inventory_dir), result.lost, controls, on_result)
@@ -581,7 +662,6 @@ def say_how_lost_hosts_answer_now(spec: Spec, result: ApplyResult) -> None:
             problem.message += f"; connected to again: {now[problem.host]}"
 
 
-INTERRUPTED_RC = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 RECOVER_PLAYBOOK = f"{paths.COLLECTION}.rollout_recover"
 
 

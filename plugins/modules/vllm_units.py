@@ -134,6 +134,13 @@ active:
   returned: always
   type: list
   elements: str
+outdated:
+  description: The instances of O(units) whose unit runs (active or activating) a process started before its env file,
+    config file, unit or quadlet last changed (by more than a second) - a run wrote them and stopped before it restarted
+    the unit (interrupted, killed, the host lost). The role restarts them.
+  returned: always
+  type: list
+  elements: str
 not_ready:
   description: The instances of O(units) whose unit is not active, in order.
   returned: always
@@ -182,7 +189,9 @@ from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.systemd_sh
 
 HEADER = "# Managed by vllm-provision (role vllm_service)"
 UNSETTLED = ("activating", "deactivating", "reloading", "refreshing")
-PROPERTIES = "Id,LoadState,ActiveState,SubState,ExecStart"
+PROPERTIES = "Id,LoadState,ActiveState,SubState,ExecStart,ExecMainStartTimestampMonotonic"
+# a file written this long after its process started is newer than it (ssh and systemd take longer between the two)
+OUTDATED_AFTER_S = 1.0
 
 
 def under(root, path):
@@ -288,6 +297,17 @@ def describe(root, name, shown, enabled):
             "config": config_of(argv)}
 
 
+def newer_than_process(root, shown, paths):
+    """Whether a file of `paths` last changed more than OUTDATED_AFTER_S after the unit's main process started.
+    systemd gives that start on the monotonic clock (microseconds since boot); a file's change, on the wall clock."""
+    started = int(shown.get("ExecMainStartTimestampMonotonic") or 0) / 1e6
+    if not started or not paths:
+        return False
+    offset = time.time() - time.monotonic()  # wall clock minus monotonic clock, now
+    changed = max(os.stat(under(root, path)).st_mtime for path in paths) - offset
+    return changed > started + OUTDATED_AFTER_S
+
+
 def settled(units, nnodes):
     """Every unit settled: none activating, ... but those whose start failed (auto-restart), unless a group's node."""
     for name, unit in units.items():
@@ -330,11 +350,16 @@ def main():
         time.sleep(min(params["poll"], max(deadline - time.monotonic(), 0)))
 
     stale = [name for name in names if name not in listed]
+    files = instance_files(root, config_dir, written, sorted(set(names) | set(listed)))
+    outdated = [name for name in with_unit if units[name]["active_state"] in ("active", "activating")
+                and newer_than_process(root, shown[name], [entry["path"] for entry in files if entry["name"] == name
+                                                            and entry["kind"] != "compose file"])]
     module.exit_json(
         changed=False,
         written=sorted(written),
         names=names,
-        files=instance_files(root, config_dir, written, sorted(set(names) | set(listed))),
+        files=files,
+        outdated=outdated,
         stale=stale,
         stale_compose=sorted({name for path, name in written.items() if path.endswith(".compose.yaml") and name in stale}),
         enabled=enabled,

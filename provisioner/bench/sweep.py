@@ -22,6 +22,7 @@ import yaml
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.plan import build_plan
 from provisioner.roles import role_defaults
+from provisioner.signals import signals_interrupt
 from provisioner.spec import Spec, SpecError, validate_spec
 
 RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)
@@ -128,7 +129,7 @@ def restored_config(target: BenchTarget, on_restart: Callable[[Any], None] | Non
     restarted on the way out, whatever happens: an error, Ctrl-C, SIGTERM or SIGHUP (held off while the
     restore runs). on_restart("restore") is called before the restore restarts the unit."""
     config = InstanceConfig(target)
-    with _signals_interrupt():
+    with signals_interrupt():
         try:
             yield config
         finally:
@@ -136,20 +137,6 @@ def restored_config(target: BenchTarget, on_restart: Callable[[Any], None] | Non
                 on_restart("restore")
             with _signals_held():
                 config.restore()
-
-
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does), so `finally` restores the config."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

@@ -71,6 +71,7 @@ def apply(
     from provisioner.rollout import Rollout
     from provisioner.runlog import RunLog
     from provisioner.secrets import redact
+    from provisioner.signals import signals_interrupt
     from provisioner.spec_lock import SpecBusy
 
     out = Output(to_stderr=as_json)
@@ -97,12 +98,18 @@ def apply(
     log = RunLog(spec.stem)
     out.keep_log(log)
     out.print(f"provision apply {' '.join(chosen)} (spec {spec}{', check mode' if check else ''})", markup=False)
-    result = None
+    result, failed_with = None, PROBLEMS_FOUND
     try:
         try:
-            result = apply_spec(loaded, hosts=chosen, check=check, diff=diff, controls=controls,
-                                on_result=lambda task: print_result(task, out),
-                                on_output=lambda line: out.print(redact(line), markup=False, style="dim"))
+            with signals_interrupt():  # SIGTERM, SIGHUP: as Ctrl-C
+                result = apply_spec(loaded, hosts=chosen, check=check, diff=diff, controls=controls,
+                                    on_result=lambda task: print_result(task, out),
+                                    on_output=lambda line: out.print(redact(line), markup=False, style="dim"),
+                                    on_notice=lambda text: out.print(f"[bold yellow]{escape(text)}[/]"))
+        except KeyboardInterrupt as interrupt:  # before the playbook ran (host keys, drivers) or after it
+            out.print(f"[bold red]interrupted[/] ({escape(str(interrupt) or 'Ctrl-C')}) outside the playbook's run: "
+                      "no task was cut; `provision apply` again finishes the run")
+            failed_with = INTERRUPTED
         except PreflightError as refused:  # a driver read from a host is too old: the playbook did not run
             show_refusal(out, refused)
         except SpecBusy as busy:  # another apply of the spec runs here: no host was touched
@@ -113,7 +120,7 @@ def apply(
     finally:
         log.close()
     if result is None:
-        exit_with(PROBLEMS_FOUND)
+        exit_with(failed_with)
     if as_json:
         typer.echo(json.dumps(summary_json(spec, result, check, log.path, chosen if rolling else None), indent=2))
     if result.interrupted:

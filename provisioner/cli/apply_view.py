@@ -3,12 +3,13 @@ the problems, the JSON summary; the same lines go to the run log. Imported when 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
-from provisioner.apply import ApplyResult, TaskResult, unified_diff
+from provisioner.apply import ApplyResult, HostProgress, TaskResult, unified_diff
 from provisioner.cli.console import make_console
 from provisioner.runlog import RunLog
 from provisioner.secrets import redact, redact_data
@@ -125,16 +126,17 @@ def rollout_table(rows: list[dict]) -> Table:
 
 def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str] | None = None) -> None:
     """The per-host table (and, for a rolling apply over `rolled`, what was done where), then the problems."""
-    if result.stats or not result.interrupted:  # Ctrl-C: Ansible stops before it counts
-        out.print(summary_table(result, check))
+    out.print(summary_table(result, check))
     if rolled is not None:
         out.print(rollout_table(rollout_rows(result, rolled)))
         for said in result.recovery:
             text = said.message if said.status in ("failed", "unreachable") else "; ".join(said.notes)
             out.print(f"gateway {escape(said.host)}: {escape(redact(text))}")
     if result.interrupted:
-        out.print("[bold red]interrupted[/] (Ctrl-C): the hosts not reached are unchanged"
+        out.print(f"[bold red]interrupted[/] ({escape(result.interrupted_by)}): {escape(how_it_stopped(result))}"
                   + ("; the gateways' drains: above" if result.recovery else ""))
+        for host, progress in result.progress.items():
+            out.print(f"  {escape(host)}: {escape(how_far(progress))}")
     if result.succeeded:
         return
     for problem in result.problems:
@@ -142,6 +144,30 @@ def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str
     if not result.stats and not result.interrupted:
         out.print(f"[bold red]ansible-playbook exited {result.rc} before running any task:[/]")
         out.print(redact(result.output_tail), markup=False)
+
+
+SHOWN_CHANGES = 8  # the changed tasks named per host after an interrupt; the run log has every one
+
+
+def how_it_stopped(result: ApplyResult) -> str:
+    cut = [host for host, progress in result.progress.items() if progress.running]
+    if result.stopped_before and not cut:
+        said = f"stopped before `{result.stopped_before}`, no task cut"
+    else:
+        said = "stopped at once" + (f", in the middle of a task on {', '.join(cut)}" if cut else "")
+    return said + "; the hosts not reached are unchanged; `provision apply` again finishes the run"
+
+
+def how_far(progress: HostProgress) -> str:
+    """What a host had done when the run was interrupted: tasks, the changes by name, a task cut in the middle."""
+    said = f"{progress.done} tasks done, {len(progress.changed)} changed"
+    if progress.changed:
+        shown = progress.changed[:SHOWN_CHANGES]
+        more = len(progress.changed) - len(shown)
+        said += f" ({'; '.join(shown)}{f'; and {more} more' if more else ''})"
+    if progress.running:
+        return said + f"; cut in the middle of `{progress.running}`: its change may be half made"
+    return said + (f"; last: `{progress.last}`" if progress.last else "")
 
 
 def summary_json(spec: Path, result: ApplyResult, check: bool, log: Path, rolled: list[str] | None = None) -> dict:
@@ -152,6 +178,9 @@ def summary_json(spec: Path, result: ApplyResult, check: bool, log: Path, rolled
         **({"gateways": [{"host": said.host, "status": said.status, "said": said.message or "; ".join(said.notes)}
                          for said in result.recovery]} if result.recovery else {}),
         "interrupted": result.interrupted,
+        **({"interrupted_by": result.interrupted_by, "stopped_before": result.stopped_before,
+            "progress": {host: dataclasses.asdict(progress) for host, progress in result.progress.items()}}
+           if result.interrupted else {}),
         "spec": str(spec),
         "check": check,
         "succeeded": result.succeeded,

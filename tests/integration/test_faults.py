@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,97 @@ def test_the_lock_of_a_killed_apply_is_taken_over_by_the_next_from_the_same_cont
     assert (f"took over the apply lock of {holder['user']} from {holder['controller']} (pid {holder['pid']})"
             in rerun.stdout and "that run is gone" in rerun.stdout), rerun.stdout[-3000:]
     assert lock_holder(host) is None
+
+
+def interrupt_apply(spec: Path, at: tuple[str, ...], send) -> tuple[int, str, float]:
+    """Run an apply as a terminal runs it (a process group of its own); once a line of its output has all of
+    `at`, `send(process)` interrupts it. (exit code, output, seconds from the signal to the end)."""
+    process = subprocess.Popen([*PROVISION, "apply", "--spec", str(spec)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, sent = [], None
+    for line in process.stdout:
+        lines.append(line)
+        if sent is None and all(word in line for word in at):
+            sent = time.monotonic()
+            send(process)
+    rc = process.wait(timeout=300)
+    output = "".join(lines)
+    assert sent is not None, output[-3000:]
+    return rc, output, time.monotonic() - sent
+
+
+def summary_of(output: str) -> str:
+    return output[output.rindex("apply\n"):]
+
+
+def playbook_of(process: subprocess.Popen) -> int:
+    """The ansible-playbook that `provision apply` (process) runs, in a session of its own."""
+    found = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "ansible-playbook"], capture_output=True, text=True)
+    return int(found.stdout.split()[0])
+
+
+def test_interrupts_stop_between_tasks_and_say_how_far_each_host_got_and_the_rerun_converges(lab, pair, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while the instances change, SIGTERM to provision alone,
+    and SIGINT to ansible-playbook alone: each exits 130 and says how far each host got; the first two stop
+    before a task, never in one (nor between a config change and its restart); the run log records it; the
+    rerun converges."""
+    hosts, _folder = pair
+    spec = spec_of(tmp_path, hosts, 0.55, "interrupted.yml")
+    rc, output, took = interrupt_apply(spec, (hosts[0].name, "vllm_service : Write the config files"),
+                                       lambda process: os.killpg(process.pid, signal.SIGINT))
+    print(f"\nCtrl-C: stopped {took:.1f} s after the signal (rc {rc}):\n{summary_of(output)}")
+    assert rc == 130, output[-3000:]
+    assert "Ctrl-C: stopping before the next task" in output, output[-3000:]
+    assert "interrupted (Ctrl-C): stopped before `" in output and "no task cut" in output, output[-3000:]
+    for host in hosts:
+        assert f"  {host.name}: " in output and "vllm_service : Write the config files" in output, output[-3000:]
+    # the signal came as the config changed: its restart (a handler) still ran before the stop
+    assert any(hosts[0].name in line and "changed" in line and "Restart the changed instances" in line
+               for line in output.splitlines()), output[-3000:]
+    log = Path(output.rsplit("run log: ", 1)[1].split()[0]).read_text()
+    assert "interrupted (Ctrl-C)" in log
+
+    rc, output, took = interrupt_apply(spec, (hosts[1].name, "sysctl : "),
+                                       lambda process: process.send_signal(signal.SIGTERM))
+    print(f"\nSIGTERM: stopped {took:.1f} s after the signal (rc {rc}):\n{summary_of(output)}")
+    assert rc == 130 and "interrupted (SIGTERM): stopped before `" in output, output[-3000:]
+
+    rc, output, took = interrupt_apply(spec, (hosts[1].name, "sysctl : "),
+                                       lambda process: os.kill(playbook_of(process), signal.SIGINT))
+    print(f"\nSIGINT to ansible-playbook: ended {took:.1f} s after the signal (rc {rc}):\n{summary_of(output)}")
+    assert rc == 130 and "interrupted (a signal to ansible-playbook)" in output, output[-3000:]
+    assert "before running any task" not in output and f"  {hosts[1].name}: " in output, output[-3000:]
+
+    rerun = provision("apply", "--spec", str(spec))
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    for host in hosts:
+        assert host.ssh(f"grep -c 0.55 /etc/vllm/chat-{host.name}.yaml", check=False).stdout.strip() == "1"
+        assert host.ssh(f"systemctl is-active vllm-chat-{host.name}.service").stdout.strip() == "active"
+
+
+def served_share(host) -> float:
+    """The gpu_memory_utilization the instance's running process serves with (the TEST DOUBLE's /standin/process)."""
+    with urllib.request.urlopen(f"http://{host.address}:8000/standin/process", timeout=5) as response:
+        return json.load(response)["options"]["gpu_memory_utilization"]
+
+
+def test_a_config_a_stopped_run_wrote_but_did_not_restart_is_restarted_by_the_next(pair, tmp_path):
+    """The state a run leaves when it is killed, or loses the host, between writing an instance's config and
+    restarting it: the file has the new setting, the process runs the old one. The next apply has no file to
+    write (the file is right already) and must still restart it; the one after changes nothing."""
+    hosts, _folder = pair
+    host = hosts[0]
+    config = f"/etc/vllm/chat-{host.name}.yaml"
+    new, old = spec_of(tmp_path, [host], 0.6, "new.yml"), spec_of(tmp_path, [host], 0.35, "old.yml")
+    assert provision("apply", "--spec", str(new)).returncode == 0
+    written = host.ssh(f"base64 -w0 {config}").stdout.strip()
+    assert provision("apply", "--spec", str(old)).returncode == 0
+    # the stopped run's write: the new file over the old one (owner and mode kept), no restart
+    host.ssh(f"echo {written} | base64 -d > {config}")
+    assert served_share(host) == 0.35
+    rerun = provision("apply", "--spec", str(new), "--json")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout)["hosts"][host.name]["changed"] >= 1, rerun.stderr[-3000:]
+    assert served_share(host) == 0.6  # restarted
+    again = provision("apply", "--spec", str(new), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["hosts"][host.name]["changed"] == 0, again.stderr[-3000:]

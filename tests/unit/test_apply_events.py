@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provisioner.apply import _stats, task_result, unified_diff
+from provisioner.apply import HostProgress, HostStats, TaskResult, _stats, _tally, task_result, unified_diff
 
 
 def event(name: str, host: str = "gpu1", res: dict | None = None, **data) -> dict:
@@ -159,3 +159,15 @@ def test_a_module_warning_is_kept_as_a_note():
                                        "07:00:00 UTC: that run is gone"]}))
     assert result.notes == ["warning: took over the apply lock of alice from bastion-2 (pid 7), since 2026-12-05 "
                             "07:00:00 UTC: that run is gone"]
+
+
+def test_how_far_each_host_got_is_read_from_the_events_for_a_run_stopped_before_ansible_counted():
+    progress = HostProgress()
+    for status, task in (("ok", "Read"), ("changed", "Write the config files"), ("skipped", "Say"), ("ok", "Restart")):
+        progress.read(TaskResult("gpu1", "vllm_service", task, status))
+    progress.running = "vllm_service : Enable"
+    assert (progress.done, progress.skipped, progress.changed) == (4, 1, ["vllm_service : Write the config files"])
+    problems = [TaskResult("gpu1", "", "x", "failed")]
+    progress.read(problems[0])
+    assert _tally("gpu1", progress, problems) == HostStats(ok=2, changed=1, failed=1, unreachable=0, skipped=1)
+    assert progress.running == ""  # a result ends the task it began

@@ -122,3 +122,19 @@ def test_every_console_of_the_cli_is_made_by_the_console_module():
                       for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                       if re.search(r"\bConsole\(", line)]
     assert made_elsewhere == []
+
+
+def test_an_interrupted_apply_says_where_it_stopped_and_names_each_hosts_changes_up_to_a_bound():
+    from provisioner.apply import ApplyResult, HostProgress
+    from provisioner.cli.apply_view import SHOWN_CHANGES, how_far, how_it_stopped
+
+    many = HostProgress(done=40, changed=[f"role : task {index}" for index in range(SHOWN_CHANGES + 3)], last="role : x")
+    said = how_far(many)
+    assert said.startswith(f"40 tasks done, {SHOWN_CHANGES + 3} changed (role : task 0; ")
+    assert f"role : task {SHOWN_CHANGES - 1}; and 3 more)" in said and said.endswith("last: `role : x`")
+    cut = HostProgress(done=3, running="sysctl : Write")
+    assert how_far(cut) == "3 tasks done, 0 changed; cut in the middle of `sysctl : Write`: its change may be half made"
+    clean = ApplyResult(rc=130, interrupted=True, stopped_before="sysctl : Apply", progress={"gpu1": many})
+    assert how_it_stopped(clean).startswith("stopped before `sysctl : Apply`, no task cut")
+    hard = ApplyResult(rc=130, interrupted=True, stopped_before="", progress={"gpu1": many, "gpu2": cut})
+    assert how_it_stopped(hard).startswith("stopped at once, in the middle of a task on gpu2;")

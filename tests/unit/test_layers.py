@@ -14,7 +14,7 @@ from provisioner.paths import PACKAGE_DIR
 LAYERS = [  # bottom first: a module's layer is the first entry that names it or a package above it
     ["provisioner.addresses", "provisioner.paths", "provisioner.secrets", "provisioner.files", "provisioner.module_utils",
      "provisioner.file_formats", "provisioner.hostkeys", "provisioner.unreachable", "provisioner.runlog",
-     "provisioner.spec_lock", "provisioner.ansible_config", "provisioner.ansible_plugins",
+     "provisioner.spec_lock", "provisioner.signals", "provisioner.ansible_config", "provisioner.ansible_plugins",
      "provisioner.rollout"],
     ["provisioner.vllm", "provisioner.gpu"],
     ["provisioner.spec"],

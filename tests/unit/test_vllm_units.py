@@ -125,7 +125,7 @@ def test_one_read_finds_the_role_s_files_the_units_states_and_what_each_runs(tmp
     assert read["units"]["new"]["state"] == "inactive/dead" and read["units"]["new"]["argv"] == []
     assert read["units"]["gone"]["state"] == "failed/failed"
     assert "web" not in read["units"] and "old" not in read["units"]  # compose projects: no unit
-    assert calls(tmp_path) == ["show --property Id,LoadState,ActiveState,SubState,ExecStart -- "
+    assert calls(tmp_path) == ["show --property Id,LoadState,ActiveState,SubState,ExecStart,ExecMainStartTimestampMonotonic -- "
                                "vllm-chat.service vllm-pod.service vllm-new.service vllm-gone.service"]  # one round trip
     assert "old" not in read["units"]  # a stale one is not read: it is stopped next
     assert {(kept["name"], kept["kind"], kept["dest"]) for kept in read["previous"]} == {
