@@ -85,4 +85,5 @@ def show_memory(console: Console, plan: HostPlan) -> None:
 
 def show_file(console: Console, file: PlannedFile) -> None:
     console.print(f"[bold cyan]{escape(file.path)}[/] (mode {file.mode or 'unchanged'}, role {file.role})")
-    console.print(redact(file.content), markup=False, highlight=False)
+    # as it is written, unwrapped (console.out: no markup, no wrapping; a 200-host plan prints 1800 files)
+    console.out(redact(file.content), highlight=False)
