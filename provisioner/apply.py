@@ -72,7 +72,12 @@ class TaskResult:
 
     @property
     def label(self) -> str:
-        return f"{self.role} : {self.task}" if self.role else self.task
+        return task_label(self.role, self.task)
+
+
+def task_label(role: str, task: str) -> str:
+    """A task as Ansible names it in its output: `role : task`, or the task alone outside a role."""
+    return f"{role} : {task}" if role else task
 
 
 @dataclass
@@ -107,10 +112,6 @@ class HostProgress:
         self.skipped += result.status == "skipped"
         if result.status == "changed":
             self.changed.append(result.label)
-
-
-def _label(data: dict) -> str:
-    return f"{data['role']} : {data.get('task', '')}" if data.get("role") else str(data.get("task", ""))
 
 
 @dataclass
@@ -446,9 +447,10 @@ def run_playbook(
         if name == "playbook_on_stats":
             stats = _stats(event)
         elif name == "runner_on_start":
-            progress.setdefault(data.get("host", "?"), HostProgress()).running = _label(data)
+            progress.setdefault(data.get("host", "?"), HostProgress()).running = task_label(data.get("role") or "",
+                                                                                            data.get("task") or "")
         elif name == "provision_stopped":
-            stopped_before = _label(data)
+            stopped_before = task_label(data.get("role") or "", data.get("task") or "")
         result = task_result(event)
         if result is not None:
             progress.setdefault(result.host, HostProgress()).read(result)
