@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.paths import collections_dir, site_playbook
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
@@ -308,3 +309,29 @@ def test_a_config_a_stopped_run_wrote_but_did_not_restart_is_restarted_by_the_ne
     assert served_share(host) == 0.6  # restarted
     again = provision("apply", "--spec", str(new), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["hosts"][host.name]["changed"] == 0, again.stderr[-3000:]
+
+
+def test_plain_ansible_is_refused_while_an_apply_holds_the_host_and_waits_with_apply_lock_wait(pair, tmp_path):
+    """The lock is the playbook's: ansible-playbook from a bastion (no provision, no checkout's ansible.cfg) is
+    refused, naming the apply that holds the host, and with -e apply_lock_wait=SECONDS waits for it."""
+    hosts, _folder = pair
+    host = hosts[0]
+    spec = spec_of(tmp_path, [host], 0.4, "team.yml")
+    made = provision("inventory", "--spec", str(spec), "-o", str(tmp_path / "inventory"))
+    assert made.returncode == 0, made.stdout + made.stderr
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
+    plain = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "inventory" / "hosts.yml"),
+             site_playbook(), "--check"]
+    env = {**environment, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections")),
+           "ANSIBLE_FORCE_COLOR": "0"}
+    running = start_apply(spec)
+    holder = wait_for_lock(host, running, spec)
+    refused = subprocess.run(plain, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert refused.returncode != 0, refused.stdout[-3000:]
+    assert (f"another apply holds this host: {holder['user']} from {holder['controller']} (pid {holder['pid']})"
+            in refused.stdout), refused.stdout[-3000:]
+    assert running.poll() is None, "the apply ended before the refusal: it proves nothing"
+    waited = subprocess.run([*plain, "-e", "apply_lock_wait=300"], capture_output=True, text=True, timeout=600,
+                            cwd=tmp_path, env=env)
+    assert running.wait(timeout=300) == 0, output_of(spec)
+    assert waited.returncode == 0, waited.stdout[-3000:]
