@@ -73,7 +73,7 @@ RESTARTED, STARTED = ("Restart the changed instances, in list order",
                       "Enable and start the instances in the venv, in list order")
 # the transaction's commit: the files that got ready kept for a rollback (roles/vllm_service/tasks/commit.yml)
 KEPT = ["Create the folder of the previous files", "Keep the env files that got ready", "Keep the config files that got ready",
-        "Keep the units and quadlets that got ready"]
+        "Keep the units, quadlets and compose files that got ready"]
 
 
 def service_changes(events, host) -> list[str]:

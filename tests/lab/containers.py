@@ -188,6 +188,12 @@ class ContainerHost(HostKind):
                         "# podman's default network, 10.88.0.0/16 with 10.88.0.1 on podman0, overlaps the lab's bridge\n"
                         "[network]\ndefault_subnet = \"10.250.0.0/16\"\n")
         (host.root / "etc/apt/sources.list.d/vp-lab.list").write_text(self.repo.sources_line())
+        # trixie's sshd (OpenSSH 10) penalises an address whose connections end before they authenticate: each
+        # apply's and audit's ssh-keyscan makes five, and by the third run sshd refused the bastion ("Connection
+        # reset by peer"). The bastion is the lab's gateway, where the repository is served
+        sshd = host.root / "etc/ssh/sshd_config.d/50-vp-lab.conf"
+        sshd.parent.mkdir(parents=True, exist_ok=True)
+        sshd.write_text(f"PerSourcePenaltyExemptList {self.repo.server.server_address[0]}\n")
         for store in ("containers", "docker"):
             (host.base / "storage" / store).mkdir(parents=True, exist_ok=True)
 
