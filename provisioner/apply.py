@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import difflib
 import functools
@@ -526,7 +527,7 @@ def _run_streaming(command: list[str], variables: dict[str, str], password: str 
     with open(output_file, "wb") as output_stream:
         process = subprocess.Popen(command, env=variables, stdout=output_stream, stderr=subprocess.STDOUT,
                                    stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=_interrupted_with_parent(os.getpid()))
     interrupted_by = ""
     pending: collections.deque[str] = collections.deque()  # read, not handled yet: none lost to an interrupt
     try:
@@ -572,6 +573,19 @@ def _run_streaming(command: list[str], variables: dict[str, str], password: str 
         events.close()
         lines.close()
     return process.returncode, interrupted_by
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
+
+
+def _interrupted_with_parent(parent: int) -> Callable[[], None]:
+    """For ansible-playbook, in a session of its own: SIGINT when `parent` (this process) ends however it ends,
+    killed included, so no run goes on unseen. Runs in the child between fork and exec (Linux)."""
+    def set_signal() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+        if os.getppid() != parent:  # it ended before the signal was set
+            os.kill(os.getpid(), signal.SIGINT)
+    return set_signal
 
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:

@@ -205,8 +205,12 @@ def test_the_lock_of_a_killed_apply_is_taken_over_by_the_next_from_the_same_cont
     spec = spec_of(tmp_path, [host], 0.4, "killed.yml")
     killed = start_apply(spec)
     holder = wait_for_lock(host, killed, spec)
-    os.killpg(killed.pid, signal.SIGKILL)  # provision and its ansible-playbook: nothing gives the lock back
+    os.killpg(killed.pid, signal.SIGKILL)  # provision: nothing gives the lock back
     killed.wait()
+    deadline = time.monotonic() + 15  # its ansible-playbook, in a session of its own, ends with it
+    while Path(f"/proc/{holder['pid']}").exists():
+        assert time.monotonic() < deadline, f"ansible-playbook {holder['pid']} outlived the provision that ran it"
+        time.sleep(0.2)
     assert lock_holder(host)["pid"] == holder["pid"]
     started = time.monotonic()
     rerun = provision("apply", "--spec", str(spec))
@@ -326,12 +330,13 @@ def test_plain_ansible_is_refused_while_an_apply_holds_the_host_and_waits_with_a
            "ANSIBLE_FORCE_COLOR": "0"}
     running = start_apply(spec)
     holder = wait_for_lock(host, running, spec)
-    refused = subprocess.run(plain, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    refused = subprocess.run(plain, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+                             stdin=subprocess.DEVNULL)
     assert refused.returncode != 0, refused.stdout[-3000:]
     assert (f"another apply holds this host: {holder['user']} from {holder['controller']} (pid {holder['pid']})"
             in refused.stdout), refused.stdout[-3000:]
     assert running.poll() is None, "the apply ended before the refusal: it proves nothing"
     waited = subprocess.run([*plain, "-e", "apply_lock_wait=300"], capture_output=True, text=True, timeout=600,
-                            cwd=tmp_path, env=env)
+                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
     assert running.wait(timeout=300) == 0, output_of(spec)
     assert waited.returncode == 0, waited.stdout[-3000:]
