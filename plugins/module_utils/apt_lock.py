@@ -44,8 +44,8 @@ COULD_NOT_GET = re.compile(r"^E: (Could not get lock \S+?(?:\. It is held by pro
 # apt's own wait for the dpkg locks (DPkg::Lock::Timeout), a line a second on stdout
 WAITING = re.compile(r"^Waiting for cache lock: (Could not get lock .*?)\.\.\.\s*$", re.M)
 # apt after its own wait, when the dpkg locks stayed held
-GAVE_UP = re.compile(r"^E: (Unable to acquire the dpkg frontend lock .*|Unable to lock the administration directory .*)$",
-                     re.M)
+GAVE_UP = re.compile(
+    r"^E: (Unable to acquire the dpkg frontend lock .*|Unable to lock the administration directory .*)$", re.M)
 # dpkg's own (apt-mark runs dpkg --set-selections)
 DPKG_LOCKED = re.compile(r"^dpkg: error: (dpkg (?:frontend|database) lock was locked by another process with pid \d+)$",
                          re.M)

@@ -125,7 +125,8 @@ TAIL_LINES = 12
 
 
 def parse_packages(packages):
-    """[(entry, name, version or None)] of O(packages) (name: without an architecture); ValueError naming the entries that are not packages."""
+    """[(entry, name, version or None)] of O(packages) (name: without an architecture); ValueError naming the
+    entries that are not packages."""
     parsed, wrong = [], []
     for entry in packages:
         match = PACKAGE.match(entry)
