@@ -1,7 +1,7 @@
 """The collection's module_utils, loaded into the package: one copy of the code for the modules and the audit.
 
 Ansible ships plugins/module_utils/*.py to the targets with the modules that import them (nvidia_gpu,
-sysctl_precedence, unit_overrides); the package loads the same files (as `plan` reads the roles'
+sysctl_precedence, unit_overrides, apt_packages); the package loads the same files (as `plan` reads the roles'
 templates), on first use, not at import. They use the standard library alone.
 """
 
@@ -15,7 +15,7 @@ from provisioner.paths import module_utils_file
 
 SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings", "sysctl_files": "sysctl_files",
           "systemd_dropins": "systemd_dropins", "systemd_show": "systemd_show", "driver_state": "nvidia_driver_state",
-          "haproxy_runtime": "haproxy_runtime"}
+          "haproxy_runtime": "haproxy_runtime", "apt_lock": "apt_lock"}
 
 
 def load_module_utils(name: str) -> ModuleType:

@@ -23,6 +23,9 @@ description:
     the newest version of the branch apt knows, its companions and the kernel headers, removing the packages of the
     release's other sets (another branch, source or modules flavour) - after which the module must be built for
     every target kernel (else the task fails with DKMS's build log); the set is held with C(apt-mark hold).
+  - Another process holding apt's locks (unattended-upgrades, apt-daily) is waited for, at most O(lock_timeout)
+    seconds for the whole task (module_utils apt_lock, as module apt_packages); past that the task fails naming
+    the process.
   - Where no module was loaded (and nouveau is not), loads the new one with C(modprobe nvidia); returns why a
     reboot is still needed (C(facts.reboot_reasons)). It never reboots.
 version_added: "0.1.0"
@@ -83,6 +86,10 @@ options:
     type: list
     elements: str
     default: []
+  lock_timeout:
+    description: How many seconds the task waits for apt's locks, its apt commands together, before it fails.
+    type: int
+    default: 300
 attributes:
   check_mode:
     support: full
@@ -180,6 +187,13 @@ import glob
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.apt_lock import (
+    ENVIRONMENT,
+    LOCK_TIMEOUT_S,
+    Busy,
+    LockWait,
+    waited_note,
+)
 from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.nvidia_driver_state import (
     DPKG_FORMAT,
     SetProblem,
@@ -202,7 +216,7 @@ from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.nvidia_dri
     upstream_version,
 )
 
-APT_ENVIRONMENT = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+APT_ENVIRONMENT = ENVIRONMENT
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39e07d26f3c"
 LOG_LINES = 40
 
@@ -235,11 +249,21 @@ class Host:
         self.module = module
         self.params = module.params
         self.commands = []
+        self.locks = LockWait(self._run_once, timeout=module.params["lock_timeout"])
 
-    def run(self, argv, changes=False, check=True):
+    def _run_once(self, argv):
+        return self.module.run_command(argv, environ_update=APT_ENVIRONMENT)
+
+    def run(self, argv, changes=False, check=True, locked=None):
+        """Run a command; locked: it takes apt's locks - `wait` it waits for the dpkg locks itself (apt-get install,
+        purge), `retry` it does not (apt-get update, apt-mark): tried again while another process holds them, within
+        the task's bound (Failed past it)."""
+        try:
+            rc, out, err = self.locks.run(argv, apt_waits=locked == "wait") if locked else self._run_once(argv)
+        except Busy as busy:
+            raise Failed(str(busy))
         if changes:
             self.commands.append(argv)
-        rc, out, err = self.module.run_command(argv, environ_update=APT_ENVIRONMENT)
         if check and rc != 0:
             raise Failed("`%s` exited %d: %s" % (" ".join(argv), rc, tail(err or out)))
         return rc, out, err
@@ -387,7 +411,7 @@ def transaction(host, facts, packages, result):
     if problem:
         raise Failed(problem)
     if params["update_cache"] and not module.check_mode:
-        host.run(["apt-get", "update", "-q"], changes=True)
+        host.run(["apt-get", "update", "-q"], changes=True, locked="retry")
     madison = host.madison(chosen["packages"] + headers)
     versions, missing = choose_versions(chosen, madison, params["branch"], params["version"])
     wanted = params["version"] or "branch %s" % params["branch"]
@@ -416,7 +440,8 @@ def transaction(host, facts, packages, result):
             if step["action"] == "install"}
     others = result["remove"] = [name for name in others if name not in kept]
     argv = host.install_argv(versions, chosen, headers, others, simulate=module.check_mode)
-    rc, out, err = host.run(argv, changes=not module.check_mode, check=False)
+    rc, out, err = host.run(argv, changes=not module.check_mode, check=False,
+                            locked=None if module.check_mode else "wait")
     if rc != 0:
         raise Failed("`%s` exited %d: %s%s" % (" ".join(argv), rc, tail(err or out, LOG_LINES),
                                                "" if module.check_mode else host.build_log(host.read()[0])))
@@ -436,7 +461,7 @@ def purge_orphans(host, globs):
     orphans = sorted(step["package"] for step in steps if step["action"] != "install"
                      and any(fnmatch.fnmatchcase(step["package"], glob) for glob in globs))
     if orphans:
-        host.run(["apt-get", "purge", "--yes", "--allow-change-held-packages"] + orphans, changes=True)
+        host.run(["apt-get", "purge", "--yes", "--allow-change-held-packages"] + orphans, changes=True, locked="wait")
     return orphans
 
 
@@ -511,7 +536,7 @@ def present(host, facts, packages, result):
         if not module.check_mode:
             for verb, targets in (("hold", hold), ("unhold", unhold)):
                 if targets:
-                    host.run(["apt-mark", verb] + targets, changes=True)
+                    host.run(["apt-mark", verb] + targets, changes=True, locked="retry")
             facts, packages = host.read()
     if result["changed_driver"] and not module.check_mode and load_module(host, facts):
         facts, packages = host.read()
@@ -523,7 +548,7 @@ def present(host, facts, packages, result):
                               before_header="NVIDIA driver packages", after_header="NVIDIA driver packages")
     result["facts"] = facts
     if messages:
-        result["msg"] = "; ".join(messages)
+        result["msg"] = "; ".join(messages) + waited_note(host.locks)
 
 
 def main():
@@ -541,6 +566,7 @@ def main():
             update_cache=dict(type="bool", default=True),
             expect_gpus=dict(type="bool", default=True),
             cleanup=dict(type="list", elements="str", default=[]),
+            lock_timeout=dict(type="int", default=LOCK_TIMEOUT_S),
         ),
         supports_check_mode=True,
     )

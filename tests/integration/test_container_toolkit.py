@@ -133,7 +133,8 @@ def test_1_17_8_is_installed_held_and_generates_the_spec_with_the_gpu(toolkit, r
     check_changed = set(changed(toolkit["check 1.17.8"][1]))
     # what check mode said would change, changed (its "say" steps stand for the commands)
     assert {"Fetch the toolkit repository's key", "Write the toolkit repository's source", "Write the refresh units",
-            "Install the toolkit at its version, held", "Generate the CDI spec of the GPUs"} <= set(changed(events))
+            "Install the toolkit at its version", "Hold the toolkit",
+            "Generate the CDI spec of the GPUs"} <= set(changed(events))
     assert {task for task in check_changed if "(check mode)" not in task} <= set(changed(events))
     assert dpkg(host)["nvidia-container-toolkit-base"] == "held 1.17.8-1"
     assert host.ssh(f"cat {SOURCE}").stdout.splitlines()[2:] == [

@@ -3,13 +3,16 @@ same model (the stand-in vLLM), host one also runs the gateway: Debian's haproxy
 role gateway from the lab's apt repository (tests/lab/haproxy.py), one route balancing both replicas.
 
 One module-scoped pair of hosts, shared by the tests in order: check mode on the fresh hosts, apply
-twice, requests through the gateway, a stopped replica, the audit and its drift, a reboot.
+twice, requests through the gateway, a stopped replica, the audit and its drift, a reboot, TLS, then the install
+(`--tags gateway_install`) while another process on the host holds apt's lists lock: for 20 s (it waits), then past
+a bound of 4 s (it fails naming that process).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import shlex
 import ssl
 import subprocess
@@ -20,7 +23,7 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner.apply import apply_spec
+from provisioner.apply import Controls, apply_spec
 from provisioner.spec import load_spec
 from tests.integration.conftest import audit_failures, check_then_apply_twice
 from tests.lab.haproxy import haproxy_repo, repo_hosts
@@ -223,3 +226,66 @@ def test_with_a_certificate_the_gateway_serves_https_only(hosts, runs, spec_path
         assert apply_spec(load_spec(tls_spec)).changed == 0
     finally:
         assert apply_spec(load_spec(spec_path)).succeeded  # back to plain HTTP for the tests after
+
+
+# Holds one of apt's locks as apt does (an fcntl lock: flock(1) is no stand-in), writes its pid once it holds
+# it, and the time it let go.
+LOCK_HOLDER = """
+import fcntl, os, sys, time
+lock = open(sys.argv[1], "w")
+fcntl.lockf(lock, fcntl.LOCK_EX)
+open("/run/vp-lock-holder", "w").write(str(os.getpid()))
+time.sleep(float(sys.argv[2]))
+open("/run/vp-lock-released", "w").write(repr(time.time()))
+"""
+
+
+def hold_lock(host, path: str, seconds: float) -> int:
+    """Another process on `host` holds apt's lock `path` for `seconds`, from now on: its pid."""
+    return int(host.ssh(f"rm -f /run/vp-lock-holder /run/vp-lock-released; "
+                        f"setsid python3 -c {shlex.quote(LOCK_HOLDER)} {path} {seconds} >/dev/null 2>&1 </dev/null & "
+                        "while [ ! -s /run/vp-lock-holder ]; do sleep 0.1; done; cat /run/vp-lock-holder").stdout)
+
+
+def test_the_install_waits_for_apts_lock_and_past_its_bound_fails_naming_the_holder(hosts, runs, spec_path):
+    """apt-get update never waits for /var/lib/apt/lists/lock (tests/fixtures/apt): the module apt_packages tries
+    again until role gateway's bound; past it, one sentence with apt's line naming the holder."""
+    one, _ = hosts
+    install = Controls(tags=("gateway_install",))
+    one.ssh("apt-get remove --yes -qq haproxy >/dev/null")  # its configuration stays: reinstalled, it serves again
+    holder = hold_lock(one, "/var/lib/apt/lists/lock", 20)
+    events: list = []
+    output: list[str] = []  # -v: the module's result, on Ansible's output
+    waited = apply_spec(load_spec(spec_path), hosts=[one.name], on_result=events.append, on_output=output.append,
+                        controls=Controls(tags=("gateway_install",), verbosity=1))
+    assert waited.succeeded, waited.problems
+    assert "Install haproxy" in gateway_changes(events)
+    released = float(one.ssh("cat /run/vp-lock-released").stdout)
+    installed = float(one.ssh("stat -c %.3Y /var/lib/dpkg/info/haproxy.list").stdout)  # written by the install
+    assert installed > released, f"haproxy installed {released - installed:.1f} s before process {holder} let go"
+    (result,) = [line for line in output if '"held_by"' in line]
+    held = f"Could not get lock /var/lib/apt/lists/lock. It is held by process {holder} (python3)"
+    assert f'"held_by": "{held}"' in result, result
+    seconds = int(re.search(r'"waited": (\d+)', result).group(1))
+    print(f"the install waited {seconds} s for the lists' lock, held 20 s from before the run")
+    assert seconds >= 5, result
+
+    one.ssh("apt-get remove --yes -qq haproxy >/dev/null")
+    holder = hold_lock(one, "/var/lib/apt/lists/lock", 120)
+    try:
+        started = time.monotonic()
+        refused = apply_spec(load_spec(spec_path), hosts=[one.name],
+                             controls=Controls(tags=("gateway_install",), extra_vars=("gateway_apt_lock_timeout=4",)))
+        seconds = time.monotonic() - started
+    finally:
+        one.ssh(f"kill {holder}")
+    (problem,) = refused.problems
+    assert (problem.task, problem.status) == ("Install haproxy", "failed")
+    assert re.fullmatch(
+        r"The package manager is busy: `apt-get update` waited [45] s for apt's lock, and another process still holds "
+        rf'it \("Could not get lock /var/lib/apt/lists/lock\. It is held by process {holder} \(python3\)"\) - let that '
+        r"process finish \(often unattended-upgrades or apt-daily\), or stop it, then run again", problem.message), \
+        problem.message
+    assert seconds < 60
+    assert apply_spec(load_spec(spec_path), hosts=[one.name], controls=install).succeeded  # haproxy back
+    assert wait_for(lambda: set(server_states(one).values()) == {"UP"}, timeout=60), server_states(one)

@@ -376,6 +376,7 @@ def test_the_module_documentation_renders(tmp_path):
     assert doc.returncode == 0, doc.stderr
     entry = json.loads(doc.stdout)[module]
     assert set(entry["doc"]["options"]) == {"state", "package_sets", "source", "branch", "version", "modules", "hold",
-                                            "headers", "headers_fallback", "update_cache", "expect_gpus", "cleanup"}
+                                            "headers", "headers_fallback", "update_cache", "expect_gpus", "cleanup",
+                                            "lock_timeout"}
     assert entry["doc"]["attributes"]["check_mode"]["support"] == "full"
     assert set(entry["return"]) == {"facts", "install", "remove", "hold", "unhold", "commands", "changed_driver"}
