@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -29,15 +28,15 @@ from pathlib import Path
 
 import yaml
 
-from provisioner import paths
+from provisioner import module_utils, paths
 from provisioner.selection import select_hosts
 from provisioner.ansible_config import ansible_environment, collections_paths, events_environment
 from provisioner.hostkeys import Endpoint, check_hosts, trust_command
 from provisioner.inventory import host_units, write_inventory
 from provisioner.remote import HostShell
-from provisioner.signals import signals_interrupt
+from provisioner.signals import signals_held, signals_interrupt
 from provisioner.spec_lock import spec_lock
-from provisioner.unreachable import explain
+from provisioner.unreachable import CONNECT_TIMEOUT_S, explain
 from provisioner.preflight import (
     DriverReader,
     check_preflight,
@@ -127,6 +126,7 @@ class ApplyResult:
     interrupted_by: str = ""  # which: "Ctrl-C", "SIGTERM", "SIGHUP", "a signal to ansible-playbook"
     stopped_before: str = ""  # the task the run stopped before, at a task boundary (no task was cut)
     progress: dict[str, HostProgress] = field(default_factory=dict)  # each host's, from the events
+    lock_run: str = ""  # the run's id in the hosts' apply locks (role apply_lock): its ansible-playbook process
     # a rolling apply that did not succeed: what the gateways did with the drains it left (rollout_recover)
     recovery: list[TaskResult] = field(default_factory=list)
 
@@ -488,7 +488,7 @@ def run_playbook(
         stop_file = Path(private_dir) / "stop"
         variables["PROVISION_STOP_FILE"] = str(stop_file)
         with signals_interrupt():
-            rc, interrupted_by = _run_streaming(
+            rc, interrupted_by, lock_run = _run_streaming(
                 command, variables, controls.become_password, events_file, output_file, stop_file,
                 on_event_line=lambda line: handle(json.loads(line)), on_output_line=output, on_notice=on_notice)
         if not interrupted_by and (rc == ANSIBLE_INTERRUPTED_RC or rc < 0):  # the signal went to it alone
@@ -500,7 +500,7 @@ def run_playbook(
     return ApplyResult(rc=INTERRUPTED_RC if interrupted else rc, stats=stats, problems=problems,
                        output_tail=output_tail, turns=timeline.turns, turns_since=timeline.started_at,
                        interrupted=interrupted, interrupted_by=interrupted_by, stopped_before=stopped_before,
-                       progress=progress)
+                       progress=progress, lock_run=lock_run)
 
 
 def _tally(host: str, progress: HostProgress, problems: list[TaskResult]) -> HostStats:
@@ -515,10 +515,11 @@ def _tally(host: str, progress: HostProgress, problems: list[TaskResult]) -> Hos
 def _run_streaming(command: list[str], variables: dict[str, str], password: str | None, events_file: Path,
                    output_file: Path, stop_file: Path, *, on_event_line: Callable[[str], None],
                    on_output_line: Callable[[str], None],
-                   on_notice: Callable[[str], None] | None = None) -> tuple[int, str]:
+                   on_notice: Callable[[str], None] | None = None) -> tuple[int, str, str]:
     """Run ansible-playbook in a session of its own, its output to `output_file`; read its events file and its
     output as they come (every POLL_SECONDS), each complete line to its callback; the become password (if any)
-    on its standard input. (Its exit code, and what interrupted it: "" when nothing did.)
+    on its standard input. (Its exit code, what interrupted it ("" when nothing did), and its run's id in the
+    hosts' apply locks.)
 
     Interrupted once (Ctrl-C, or SIGTERM/SIGHUP under signals_interrupt): `stop_file` asks it to stop at the
     next task boundary (plugins/callback/provision_events.py), and it is waited for. Twice, or by an error in a
@@ -528,6 +529,7 @@ def _run_streaming(command: list[str], variables: dict[str, str], password: str 
         process = subprocess.Popen(command, env=variables, stdout=output_stream, stderr=subprocess.STDOUT,
                                    stdin=subprocess.PIPE if password is not None else subprocess.DEVNULL,
                                    start_new_session=True, preexec_fn=_interrupted_with_parent(os.getpid()))
+    lock_run = module_utils.apply_lock_run.run_of(process.pid)["id"]  # as the action plugin apply_lock names it
     interrupted_by = ""
     pending: collections.deque[str] = collections.deque()  # read, not handled yet: none lost to an interrupt
     try:
@@ -572,7 +574,7 @@ def _run_streaming(command: list[str], variables: dict[str, str], password: str 
                     on_event_line(line)
         events.close()
         lines.close()
-    return process.returncode, interrupted_by
+    return process.returncode, interrupted_by, lock_run
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
@@ -654,6 +656,8 @@ def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, con
                 controls = dataclasses.replace(controls, rollout=dataclasses.replace(controls.rollout, units=units))
             result = run_playbook(Path(inventory_dir), limit=limit, check=check, diff=diff, controls=controls,
                                   on_result=on_result, on_output=on_output, on_notice=on_notice)
+            if not check:  # the hosts that failed ran no later play: their locks too
+                give_back_locks(spec, allowed, result.lock_run)
             say_how_lost_hosts_answer_now(spec, result)
             if controls.rollout is not None and not check and not result.succeeded and spec.gateways:
                 result.recovery = recover_gateways(Path(inventory_dir), result.lost, controls, on_result)
@@ -662,6 +666,28 @@ def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, con
                     for host in chosen if host.name in refused_stats or host.name in result.stats}
     result.problems[:0] = refusals
     return result
+
+
+APPLY_LOCK = "/var/lib/vllm-provision/apply.lock"  # role apply_lock's apply_lock_path
+
+
+def give_back_locks(spec: Spec, names: list[str], run_id: str) -> None:
+    """The host locks run `run_id` still holds, given back (all hosts at once): those of hosts that failed, whose
+    later plays did not run, or of a run interrupted. A host that does not answer keeps it: the next run from here
+    takes it over (its run is gone). Never raises."""
+    source = paths.module_utils_file("apply_lock_run").read_text()
+    program = f"{source}\nrelease_if_ours({APPLY_LOCK!r}, {run_id!r})\n"
+
+    def give_back(host: Host) -> None:
+        try:
+            HostShell.for_host(host, spec.source_path).run("sudo -n python3 -" if host.ssh.become else "python3 -",
+                                                           stdin=program, check=False, timeout=CONNECT_TIMEOUT_S + 10)
+        except Exception:  # noqa: BLE001 - lost, refused: the lock stays for the next run to take over
+            pass
+
+    hosts = [host for host in spec.hosts if host.name in names]
+    with signals_held(), ThreadPoolExecutor(max_workers=max(len(hosts), 1)) as pool:
+        list(pool.map(give_back, hosts))
 
 
 def say_how_lost_hosts_answer_now(spec: Spec, result: ApplyResult) -> None:

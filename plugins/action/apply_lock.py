@@ -6,45 +6,19 @@ for one held by a live run; then fails, naming the holder."""
 
 from __future__ import annotations
 
-import getpass
 import os
-import socket
 import time
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.vllm_provision.gpu_host.plugins.module_utils.apply_lock_run import gone_from_here, run_of
 
 MODULE = "vllm_provision.gpu_host.apply_lock"
 POLL_S = 5
 
 
-def machine_id() -> str:
-    try:
-        with open("/etc/machine-id") as handle:
-            return handle.read().strip()[:12] or socket.gethostname()
-    except OSError:
-        return socket.gethostname()
-
-
-def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, one process."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as handle:
-        return int(handle.read().rsplit(")", 1)[1].split()[1])
-
-
-def _is_playbook(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return any(os.path.basename(arg) == b"ansible-playbook" for arg in handle.read().split(b"\0")[:3])
-    except OSError:
-        return False
+def this_run() -> dict:
+    """This run: the ansible-playbook process this task runs under (provision apply names it the same way)."""
+    return run_of(playbook_pid())
 
 
 def playbook_pid() -> int:
@@ -58,17 +32,17 @@ def playbook_pid() -> int:
     return pid
 
 
-def this_run() -> dict:
-    pid = playbook_pid()
-    return {"id": f"{machine_id()}/{pid}/{process_start(pid)}", "user": getpass.getuser(),
-            "controller": socket.gethostname(), "pid": pid, "started": time.time()}
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
 
 
-def gone_from_here(holder: dict) -> bool:
-    """The holder ran on this controller and its process is no more (or is another process with its pid)."""
-    machine, _, rest = str(holder.get("id", "")).partition("/")
-    pid, _, start = rest.partition("/")
-    return machine == machine_id() and pid.isdigit() and process_start(int(pid)) != start
+def _is_playbook(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return any(os.path.basename(arg) == b"ansible-playbook" for arg in handle.read().split(b"\0")[:3])
+    except OSError:
+        return False
 
 
 def describe(holder: dict) -> str:

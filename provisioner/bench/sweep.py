@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ import yaml
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.plan import build_plan
 from provisioner.roles import role_defaults
-from provisioner.signals import signals_interrupt
+from provisioner.signals import signals_held, signals_interrupt
 from provisioner.spec import Spec, SpecError, validate_spec
 
 RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)
@@ -135,17 +134,5 @@ def restored_config(target: BenchTarget, on_restart: Callable[[Any], None] | Non
         finally:
             if on_restart and config.changed:
                 on_restart("restore")
-            with _signals_held():
+            with signals_held():
                 config.restore()
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP ignored: the restore runs to its end."""
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signals}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -13,22 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.paths import CONTENT_ROOT
+from provisioner import module_utils
 from tests.unit.adhoc import run_module
 
-ACTION = CONTENT_ROOT / "plugins" / "action" / "apply_lock.py"
-
-
-def load_action():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("apply_lock_action", ACTION)
-    action = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(action)
-    return action
-
-
-action = load_action()
+action = module_utils.apply_lock_run  # who a run is (the action plugin's and provision's)
 
 
 class Lock:
