@@ -65,7 +65,8 @@ def trust_files(address: str, port: int, known_hosts: str | None) -> list[str]:
     """The files ssh checks this host's key against: the spec's file only, or ssh's own (user's first)."""
     if known_hosts:
         return [known_hosts]
-    result = subprocess.run(["ssh", "-G", "-p", str(port), address], capture_output=True, text=True, timeout=10)
+    result = subprocess.run(["ssh", "-G", "-p", str(port), address], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=10)
     config = dict(line.partition(" ")[::2] for line in result.stdout.splitlines())
     return [name for option in DEFAULT_FILE_OPTIONS for name in config.get(option, "").split() if name != "/dev/null"]
 
@@ -128,7 +129,7 @@ def scan(address: str, port: int, timeout: float = SCAN_TIMEOUT_S) -> tuple[list
     """The keys the host presents (`ssh-keyscan`), and ssh-keyscan's complaint when it got none."""
     try:
         result = subprocess.run(["ssh-keyscan", "-T", str(int(timeout)), "-p", str(port), address],
-                                capture_output=True, text=True, timeout=timeout + 10)
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout + 10)
     except subprocess.TimeoutExpired:
         return [], f"ssh-keyscan got no answer within {timeout + 10:.0f} s"
     pairs = [fields for line in result.stdout.splitlines()
@@ -148,7 +149,8 @@ def recorded(name: str, files: list[str]) -> list[RecordedKey]:
     for file in files:
         if not Path(file).is_file():
             continue
-        result = subprocess.run(["ssh-keygen", "-F", name, "-f", file], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["ssh-keygen", "-F", name, "-f", file], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=10)
         if result.returncode not in (0, 1):
             raise HostKeyError(f"{file}: ssh-keygen could not read it: {result.stderr.strip()}")
         number = 0
@@ -166,7 +168,8 @@ def covered_by_authority(name: str, files: list[str]) -> bool:
     which ssh-keyscan does not fetch, so the check leaves the host to ssh."""
     for file in files:
         if Path(file).is_file():
-            result = subprocess.run(["ssh-keygen", "-F", name, "-f", file], capture_output=True, text=True, timeout=10)
+            result = subprocess.run(["ssh-keygen", "-F", name, "-f", file], stdin=subprocess.DEVNULL,
+                                    capture_output=True, text=True, timeout=10)
             if any(AUTHORITY_LINE.match(line) for line in result.stdout.splitlines()):
                 return True
     return False
@@ -350,7 +353,8 @@ def record_keys(check: HostKeyCheck, replace: bool = False) -> Recorded:
     if check.status == TRUSTED:
         return Recorded(file)
     if check.status == CHANGED:
-        result = subprocess.run(["ssh-keygen", "-R", check.name, "-f", file], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["ssh-keygen", "-R", check.name, "-f", file], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=10)
         if result.returncode != 0:
             raise HostKeyError(f"{file}: ssh-keygen -R could not remove the old key: {result.stderr.strip()}")
         Path(file + ".old").unlink(missing_ok=True)  # ssh-keygen's backup: it holds the key we distrust

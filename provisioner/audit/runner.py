@@ -159,14 +159,14 @@ def disconnect(connections: list[Connection]) -> None:
     (before a host goes away: a master left on a vanished host keeps a half-open connection)."""
     for connection in connections:
         subprocess.run(["ssh", "-o", f"ControlPath={control_path(connection)}", "-O", "exit", connection.address],
-                       capture_output=True, timeout=10)
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
 
 
 def connect(alias: str, config: Path) -> str | None:
     """Open (or find open) the host's master connection; None, or why the host cannot be reached."""
     try:
-        result = subprocess.run(["ssh", "-F", str(config), alias, "true"], capture_output=True, text=True,
-                                timeout=CONNECT_TIMEOUT_S + 25)
+        result = subprocess.run(["ssh", "-F", str(config), alias, "true"], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S + 25)
     except subprocess.TimeoutExpired:
         return f"ssh to {alias} did not answer within {CONNECT_TIMEOUT_S + 25} s"
     if result.returncode != 0:
@@ -216,7 +216,8 @@ def run_suite(
     # only our plugin: no other installed pytest plugin joins (or slows) the audit
     environment = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     with output_file.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, text=True, env=environment)
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                   stdout=output, stderr=subprocess.PIPE, text=True, env=environment)
         other_lines = follow_progress(process, notify)
         process.wait(timeout=SUITE_TIMEOUT_S)
     results = json.loads(results_file.read_text()) if results_file.exists() else []

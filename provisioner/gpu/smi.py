@@ -57,7 +57,7 @@ def subprocess_runner(executable: str = "nvidia-smi") -> Callable[[list[str]], s
     def run(arguments: list[str]) -> str:
         if path is None:
             raise SmiError(f"{executable} is not on the PATH")
-        done = subprocess.run([path, *arguments], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([path, *arguments], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise SmiError(f"`{executable} {' '.join(arguments)}` exited {done.returncode}: "
                            f"{(done.stderr or done.stdout).strip()}")

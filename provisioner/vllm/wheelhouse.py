@@ -44,7 +44,8 @@ def build_wheelhouse(version: str, folder: Path, python_version: str, extra: tup
     """Download into `folder` (kept: a second run downloads only what is missing); raise
     RuntimeError with pip's last lines when pip fails."""
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(download_command(version, folder, python_version, extra), capture_output=True, text=True)
+    done = subprocess.run(download_command(version, folder, python_version, extra), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"pip download exited {done.returncode}:\n{tail}")

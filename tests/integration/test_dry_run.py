@@ -28,8 +28,10 @@ UNIT_FILE = "/etc/systemd/system/vllm-chat.service"
 ENV_FILE = "/etc/vllm/chat.env"
 SYSCTL_FILE = "/etc/sysctl.d/60-vllm-provision.conf"
 SECRET = "sk-dry-run-secret-77"
-# written by the real run, but not by a file task of ours: pip's venv, useradd's databases, systemctl enable's links
-NOT_A_FILE_TASK = re.compile(r"^(opt/vllm/venvs/[^/]+/|etc/(passwd|group|shadow|gshadow)-?$|etc/systemd/system/.*\.wants/)")
+# written by the real run, but not by a file task of ours: pip's venv, useradd's databases, systemctl enable's links,
+# and the run's own lock (taken and given back by every apply: the host's configuration is not in it)
+NOT_A_FILE_TASK = re.compile(r"^(opt/vllm/venvs/[^/]+/|etc/(passwd|group|shadow|gshadow)-?$|etc/systemd/system/.*\.wants/"
+                             r"|var/lib/vllm-provision/apply\.lock$)")
 
 
 def check_diff(spec_file) -> subprocess.CompletedProcess:

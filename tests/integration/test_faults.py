@@ -29,8 +29,14 @@ NAMED_WITHIN_S = 30  # issue 33: a lost host is named within 30 s
 
 
 def provision(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    """Run provision with a stdin of its own, which it must leave as it found it whatever the fault: an ssh
+    killed mid-session leaves its stdin non-blocking, and so a user's terminal, and every Ansible after it
+    ("Ansible requires blocking IO on stdin")."""
+    with open(os.devnull) as stdin:
+        done = subprocess.run([*PROVISION, *args], stdin=stdin, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **(env or {})})
+        assert os.get_blocking(stdin.fileno()), f"provision {args[0]} left its stdin non-blocking"
+    return done
 
 
 def spec_of(folder: Path, hosts, share: float, name: str = "spec.yml", **ssh) -> Path:

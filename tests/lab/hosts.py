@@ -102,7 +102,7 @@ class TestHost:
         too: an emulated VM on a loaded machine can miss it) is tried again, twice at most."""
         for attempt in range(3):
             result = subprocess.run(
-                self.ssh_command(command), capture_output=True, text=True, timeout=timeout
+                self.ssh_command(command), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
             )
             if not (result.returncode == 255 and SSH_CONNECT_TIMED_OUT in result.stderr):
                 break
@@ -130,7 +130,7 @@ class TestHost:
                 raise RuntimeError(f"{self.name}: exited early\n{self.console_tail()}")
             result = subprocess.run(
                 self.ssh_command("systemctl is-system-running --wait"),
-                capture_output=True, text=True, timeout=timeout,
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
             )
             if result.returncode != 255:  # 255: ssh itself failed (not up yet)
                 return time.monotonic() - started
@@ -146,7 +146,8 @@ class TestHost:
             time.sleep(0.2)
             try:  # a connection made while the host shuts down can hang for good (qemu's user network)
                 result = subprocess.run(
-                    self.ssh_command("cat /proc/sys/kernel/random/boot_id"), capture_output=True, text=True,
+                    self.ssh_command("cat /proc/sys/kernel/random/boot_id"), stdin=subprocess.DEVNULL,
+                    capture_output=True, text=True,
                     timeout=REBOOT_POLL_TIMEOUT_S,
                 )
             except subprocess.TimeoutExpired:

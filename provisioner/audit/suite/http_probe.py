@@ -13,7 +13,7 @@ import sys
 
 def api_key(unit):
     pid = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
-                         capture_output=True, text=True).stdout.strip()
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout.strip()
     try:
         with open(f"/proc/{pid}/environ", "rb") as environ:
             for entry in environ.read().split(b"\0"):
