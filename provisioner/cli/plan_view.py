@@ -8,9 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
+from provisioner.cli.console import print_table, rule_text
 from provisioner.plan import HostPlan, PlannedFile
 from provisioner.secrets import redact, redact_data, redact_environment
 from provisioner.vllm.memory import TABLE_COLUMNS
@@ -26,22 +26,31 @@ def plan_json(spec: Path, plans: list[HostPlan], problems: list[str]) -> dict:
     }
 
 
+def say(console: Console, markup: str) -> None:
+    """One line of console markup; off a terminal written as its plain text (a 200-host plan has thousands)."""
+    if console.is_terminal:
+        console.print(markup)
+    else:
+        console.file.write(Text.from_markup(markup).plain + "\n")
+
+
 def show_host_plan(console: Console, plan: HostPlan) -> None:
-    console.rule(f"[bold]{plan.host}[/] ({plan.address})")
+    if console.is_terminal:
+        console.rule(f"[bold]{escape(plan.host)}[/] ({plan.address})")
+    else:
+        console.file.write(rule_text(f"{plan.host} ({plan.address})"))
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {escape(redact(warning))}")
+        say(console, f"[yellow]warning:[/] {escape(redact(warning))}")
     for note in plan.driver.notes if plan.driver else ():
-        console.print(escape(note))
+        say(console, escape(note))
 
     show_memory(console, plan)
-    sysctls = Table("kernel parameter", "value", title="sysctls")
-    for key, value in sorted(plan.sysctls.items()):
-        sysctls.add_row(Text(key), Text(str(value)))
-    console.print(sysctls)
+    print_table(console, ("kernel parameter", "value"),
+                [(key, str(value)) for key, value in sorted(plan.sysctls.items())], title="sysctls")
 
-    console.print(f"[bold]/etc/fstab:[/] {escape(plan.fstab_line or '(unchanged: shm_size is null)')}")
+    say(console, f"[bold]/etc/fstab:[/] {escape(plan.fstab_line or '(unchanged: shm_size is null)')}")
     for path in plan.removed_files:
-        console.print(f"[bold]remove:[/] {escape(path)}")
+        say(console, f"[bold]remove:[/] {escape(path)}")
 
     for file in [plan.sysctl_file, *plan.nouveau_files]:
         show_file(console, file)
@@ -49,10 +58,8 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
         show_file(console, unit.unit)
         show_file(console, unit.env_file)
         show_file(console, unit.config_file)
-        environment = Table("variable", "value", title=f"environment of vllm-{unit.instance}")
-        for key, value in redact_environment(unit.environment).items():
-            environment.add_row(Text(key), Text(value))
-        console.print(environment)
+        print_table(console, ("variable", "value"), list(redact_environment(unit.environment).items()),
+                    title=f"environment of vllm-{unit.instance}")
     show_gateway(console, plan)
     for file in plan.monitoring_files:
         show_file(console, file)
@@ -62,10 +69,9 @@ def show_gateway(console: Console, plan: HostPlan) -> None:
     """Each route of the host's gateways with its replicas, then the haproxy.cfg the role writes."""
     if not plan.gateway_file:
         return
-    routes = Table("gateway", "base URL", "model", "replicas", title="gateway routes")
-    for route in plan.routes:
-        routes.add_row(Text(route.gateway), Text(route.url), Text(route.model), Text(", ".join(route.replicas)))
-    console.print(routes)
+    print_table(console, ("gateway", "base URL", "model", "replicas"),
+                [(route.gateway, route.url, route.model, ", ".join(route.replicas)) for route in plan.routes],
+                title="gateway routes")
     show_file(console, plan.gateway_file)
 
 
@@ -73,17 +79,17 @@ def show_memory(console: Console, plan: HostPlan) -> None:
     """Per GPU: each instance's share, weights, overhead, KV cache and the full-length sequences it holds."""
     for gpu in plan.memory:
         if gpu.plan is None:
-            console.print(f"[yellow]memory:[/] {escape(gpu.note or '')}")
+            say(console, f"[yellow]memory:[/] {escape(gpu.note or '')}")
             continue
         title = (f"memory of {gpu.label}: shares {gpu.plan.shares:.2f} of {gpu.plan.usable_fraction:g} usable, "
                  f"{gpu.plan.spare / 2**30:.2f} GiB spare once all started")
-        table = Table(*TABLE_COLUMNS, title=title)
-        for row in gpu.plan.table_rows():
-            table.add_row(*(Text(cell) for cell in row))
-        console.print(table)
+        print_table(console, TABLE_COLUMNS, gpu.plan.table_rows(), title=title)
 
 
 def show_file(console: Console, file: PlannedFile) -> None:
-    console.print(f"[bold cyan]{escape(file.path)}[/] (mode {file.mode or 'unchanged'}, role {file.role})")
-    # as it is written, unwrapped (console.out: no markup, no wrapping; a 200-host plan prints 1800 files)
-    console.out(redact(file.content), highlight=False)
+    say(console, f"[bold cyan]{escape(file.path)}[/] (mode {file.mode or 'unchanged'}, role {file.role})")
+    # as it is written, unwrapped (a 200-host plan prints 1800 files): off a terminal, as it is
+    if console.is_terminal:
+        console.out(redact(file.content), highlight=False)
+    else:
+        console.file.write(redact(file.content) + "\n")

@@ -138,3 +138,50 @@ def test_an_interrupted_apply_says_where_it_stopped_and_names_each_hosts_changes
     assert how_it_stopped(clean).startswith("stopped before `sysctl : Apply`, no task cut")
     hard = ApplyResult(rc=130, interrupted=True, stopped_before="", progress={"gpu1": many, "gpu2": cut})
     assert how_it_stopped(hard).startswith("stopped at once, in the middle of a task on gpu2;")
+
+
+TABLES = [  # (columns, rows, title): what the plan prints, and what could break a hand-made layout
+    (("kernel parameter", "value"), [("vm.swappiness", "1"), ("vm.max_map_count", "262144")], "sysctls"),
+    (("variable", "value"), [], "environment of vllm-chat"),
+    (("a", "b"), [("two\nlines", "z"), ("ü→", "日本語"), ("", LONG)], ""),
+    (("x",), [("[bold]not markup[/]",)], "a [title] wider than the table itself"),
+]
+
+
+def rich_table(columns, rows, title) -> str:
+    from rich.table import Table
+    from rich.text import Text
+
+    out = io.StringIO()
+    table = Table(*columns, title=Text(title) if title else None)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    make_console(file=out).print(table)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("columns, rows, title", TABLES)
+def test_a_table_off_a_terminal_is_written_as_rich_writes_it(columns, rows, title):
+    from provisioner.cli.console import print_table, table_text
+
+    out = io.StringIO()
+    print_table(make_console(file=out), columns, rows, title)
+    assert out.getvalue() == table_text(columns, rows, title) == rich_table(columns, rows, title)
+
+
+@pytest.mark.parametrize("title", ["gen000 (10.88.15.10)", "a (b)", "x", "日本 (10.0.0.1)"])
+def test_a_rule_off_a_terminal_is_drawn_as_rich_draws_it(title):
+    from provisioner.cli.console import rule_text
+
+    out = io.StringIO()
+    make_console(file=out).rule(title)
+    assert rule_text(title) == out.getvalue()
+
+
+def test_a_table_in_a_terminal_is_laid_out_by_rich_to_fit_it():
+    from provisioner.cli.console import _Console, print_table
+
+    out = io.StringIO()
+    terminal = _Console(file=out, force_terminal=True, width=40, highlight=False, soft_wrap=True)
+    print_table(terminal, ("variable", "value"), [("VLLM_LOGGING_LEVEL", LONG)], "environment")
+    assert max(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) for line in out.getvalue().splitlines()) <= 40

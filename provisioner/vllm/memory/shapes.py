@@ -90,12 +90,11 @@ def load_model_shape(model: str, revision: str | None = None) -> ModelShape:
         return shape_from_config(_read_json(path, model), name=str(path), source=str(path))
     if model.startswith((".", "/", "~")) or model.endswith(".json"):
         raise ModelShapeError(f"{model}: no such file or folder — give a local path holding the model's config.json")
-    known = builtin_model_ids()
     builtin = SHAPES_DIR / (model.replace("/", "--", 1) + ".json")
     if "/" not in model or not builtin.is_file():
         raise ModelShapeError(
             f"{model}: no built-in shape for this model — give a local path holding its config.json, "
-            f"or one of: {', '.join(known)}"
+            f"or one of: {', '.join(builtin_model_ids())}"
         )
     if revision not in (None, "main"):
         raise ModelShapeError(
