@@ -582,9 +582,14 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
 
 def _interrupted_with_parent(parent: int) -> Callable[[], None]:
     """For ansible-playbook, in a session of its own: SIGINT when `parent` (this process) ends however it ends,
-    killed included, so no run goes on unseen. Runs in the child between fork and exec (Linux)."""
+    killed included, so no run goes on unseen. SIGINT is what stops it (here too, on a second Ctrl-C), so it
+    gets SIGINT's default whatever this process inherited (a shell script's `provision apply &` ignores it, and
+    so would ansible-playbook, which sets its handler only where SIGINT is not ignored). Runs in the child
+    between fork and exec (Linux)."""
     def set_signal() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal(signal.SIGINT, signal.SIG_DFL)  # libc's: Python's signal.signal works in the main thread only
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
         if os.getppid() != parent:  # it ended before the signal was set
             os.kill(os.getpid(), signal.SIGINT)
     return set_signal

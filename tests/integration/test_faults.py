@@ -23,6 +23,7 @@ import pytest
 
 from provisioner.paths import collections_dir, site_playbook
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
+from tests.lab.terminal import as_from_a_terminal
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]
 NAMED_WITHIN_S = 30  # issue 33: a lost host is named within 30 s
@@ -233,7 +234,8 @@ def interrupt_apply(spec: Path, at: tuple[str, ...], send) -> tuple[int, str, fl
     """Run an apply as a terminal runs it (a process group of its own); once a line of its output has all of
     `at`, `send(process)` interrupts it. (exit code, output, seconds from the signal to the end)."""
     process = subprocess.Popen([*PROVISION, "apply", "--spec", str(spec)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               preexec_fn=as_from_a_terminal)
     lines, sent = [], None
     for line in process.stdout:
         lines.append(line)

@@ -41,6 +41,7 @@ from tests.lab.containers import AptRepo
 from tests.lab.haproxy import GatewayHost, haproxy_repo
 from tests.lab.load import Load
 from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry, standin_wheelhouse
+from tests.lab.terminal import as_from_a_terminal
 
 KEY = "sk-lab-rollout-5b2e71"
 PORT = 8080
@@ -368,7 +369,8 @@ def test_an_interrupted_rollout_puts_its_drain_back_and_says_so(fleet, upgrade, 
     with Load(fleet.url(), MODEL, KEY, rate=RATE, duration=300, max_tokens=16, stream=STREAMED) as load:
         time.sleep(2)
         process = subprocess.Popen([str(provision), "apply", "--rolling", "--spec", str(path)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                   preexec_fn=as_from_a_terminal)
         wait_recorded(fleet, "chat-0", timeout=120)
         while gateway_admin(fleet)["chat-0"] != "drain":  # recorded first, then drained
             assert process.poll() is None, process.communicate()[0]

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from provisioner.apply import HostProgress, HostStats, TaskResult, _stats, _tally, task_result, unified_diff
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from provisioner.apply import (HostProgress, HostStats, TaskResult, _interrupted_with_parent, _stats, _tally,
+                               task_result, unified_diff)
 
 
 def event(name: str, host: str = "gpu1", res: dict | None = None, **data) -> dict:
@@ -171,3 +177,30 @@ def test_how_far_each_host_got_is_read_from_the_events_for_a_run_stopped_before_
     progress.read(problems[0])
     assert _tally("gpu1", progress, problems) == HostStats(ok=2, changed=1, failed=1, unreachable=0, skipped=1)
     assert progress.running == ""  # a result ends the task it began
+
+
+def signals_ignored(pid: int) -> set[int]:
+    mask = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("SigIgn:")).split()[1], 16)
+    return {number for number in range(1, 65) if mask & (1 << (number - 1))}
+
+
+def test_ansible_playbook_takes_sigint_though_provision_was_started_ignoring_it():
+    """A shell script's `provision apply &` starts provision with SIGINT ignored; what stops ansible-playbook (the
+    second Ctrl-C, provision's end) is SIGINT, so ansible-playbook gets SIGINT's default back."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=_interrupted_with_parent(os.getpid()))
+        plain = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert signal.SIGINT in signals_ignored(plain.pid)  # what it would have inherited
+        assert signal.SIGINT not in signals_ignored(child.pid)
+        os.kill(child.pid, signal.SIGINT)
+        assert child.wait(timeout=10) == -signal.SIGINT
+    finally:
+        for process in (child, plain):
+            process.kill()
+            process.wait()
