@@ -46,7 +46,7 @@ from provisioner.roles import (
     role_defaults,
     role_vars,
 )
-from provisioner.secrets import read_api_key, redact_environment, shown_command
+from provisioner.secrets import read_api_key, read_secret, redact_environment, shown_command
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.driver import builds_used
 from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
@@ -307,8 +307,10 @@ def time_span(seconds: int) -> str:
 
 
 def env_file_sha256(variables: dict[str, Any], entry: dict[str, Any]) -> str:
-    """sha256 of the env file as the role renders it, with the real key (never shown; only its hash)."""
-    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": ""}
+    """sha256 of the env file as the role renders it, with the real key and secrets (never shown; only its hash)."""
+    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": "",
+                      "vllm_service_secret_env": {name: read_secret(source)
+                                                  for name, source in entry.get("secret_env", {}).items()}}
     if entry.get("api_key_file"):
         # as Ansible's file lookup reads it: trailing whitespace off
         unit_variables["vllm_service_api_key"] = read_api_key(entry["api_key_file"])

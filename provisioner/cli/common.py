@@ -63,7 +63,9 @@ def select_or_exit(spec: Spec, names: list[str] | None) -> list[Host]:
 
 
 def load_spec_or_exit(path: str | Path) -> Spec:
-    """Load and validate the spec; on problems, print each as `path: message` to stderr and exit 1."""
+    """Load and validate the spec; on problems, print each as `path: message` to stderr (redacted: no secret the
+    spec declares shows) and exit 1."""
+    from provisioner.secrets import redact
     from provisioner.spec import SpecError, load_spec
 
     try:
@@ -72,7 +74,7 @@ def load_spec_or_exit(path: str | Path) -> Spec:
         count = len(error.problems)
         typer.echo(f"{path}: {count} problem{'s' if count != 1 else ''}", err=True)
         for problem in error.problems:
-            typer.echo(str(problem), err=True)
+            typer.echo(redact(str(problem)), err=True)
         exit_with(PROBLEMS_FOUND)
 
 
