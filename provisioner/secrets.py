@@ -16,13 +16,15 @@ bench) passes it through here. What counts as a secret:
 as the roles' lookups read it. `redact_argv` works on a split command
 line word by word; `redact` on any text (it finds the secret
 values with the same rules, then replaces each wherever it occurs, whatever the quoting);
-`redact_data` on JSON-able data. A text without secrets comes back unchanged.
+`redact_data` on JSON-able data. A text without secrets comes back unchanged. `holds_secret` says whether a
+text holds one, a declared one given by its digest (`declared_digests`: the audit suite is never handed a value).
 
 Standard library only: the audit suite imports it in its own pytest process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -63,6 +65,22 @@ def declare_secret(value: str) -> None:
     """Redact `value` from now on wherever it appears, whatever names it (the spec declared it secret)."""
     if value.strip():
         _declared.add(value)
+
+
+def declared_digests() -> list[tuple[int, str]]:
+    """(length, sha256) of each declared secret: what another process (the audit suite) looks for in a text
+    without being handed the secret itself (`holds_secret`)."""
+    return sorted((len(value), hashlib.sha256(value.encode()).hexdigest()) for value in _declared)
+
+
+def holds_secret(text: str, digests: Iterable[tuple[int, str]] = (), by_rules: bool = True) -> bool:
+    """Whether `text` holds a secret: one the rules find (`by_rules`: they read configuration and command lines,
+    not a program's code), or a declared one given by its `declared_digests`."""
+    if by_rules and secrets_in(text):
+        return True
+    wanted = {tuple(digest) for digest in digests}
+    return any(hashlib.sha256(text[start:start + length].encode()).hexdigest() == digest
+               for length, digest in wanted for start in range(len(text) - length + 1))
 
 
 def forget_declared_secrets() -> None:
