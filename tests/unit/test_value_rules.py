@@ -3,15 +3,20 @@ installed, against the parser of the program that reads the value (promtool, sys
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner import monitoring
 from provisioner.module_utils import value_rules
+from provisioner.paths import ROLES_DIR, collections_dir
 from provisioner.secrets import read_api_key
 from provisioner.spec import SpecError, validate_spec
 from tests.unit.conftest import host, instance, problems_of, spec_data
@@ -242,3 +247,34 @@ def test_a_latency_limit_is_finite_positive_and_at_most_an_hour(value):
 def test_a_share_is_a_percentage(value):
     assert value_rules.share_limit_problem(value)
     assert value_rules.share_limit_problem(95) is None
+
+
+# --------------------------------------------------------------------------- the roles' preflights: the same rules
+
+
+def _preflight_results(tmp_path, role: str, variable: str, values: list, fixed: dict) -> list[bool]:
+    """Run role `role`'s first preflight task (real Ansible on localhost) once per value of `variable`;
+    whether it passed, per value."""
+    (task,) = yaml.safe_load((ROLES_DIR / role / "tasks/preflight.yml").read_text())[:1]
+    task = {**task, "ignore_errors": True, "register": "checked", "loop": "{{ values }}",
+            "vars": {**task.get("vars", {}), variable: "{{ item }}"}}
+    playbook = [{"hosts": "localhost", "gather_facts": False, "vars": {"values": values, **fixed}, "tasks": [
+        task, {"ansible.builtin.copy": {"dest": str(tmp_path / "results.json"), "mode": "0600",
+                                        "content": "{{ checked.results | map(attribute='failed') | list | to_json }}"}}]}]
+    (tmp_path / "playbook.yml").write_text(json.dumps(playbook))
+    run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                          "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "playbook.yml")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections"))})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return [not failed for failed in json.loads((tmp_path / "results.json").read_text())]
+
+
+def test_the_shm_and_node_exporter_preflights_take_exactly_what_the_spec_takes(tmp_path):
+    sizes = ["16G", "512M", "1024T", "16g", "17179869184", "0G", "9" * 40 + "G", "١٦G", "1025T"]
+    assert _preflight_results(tmp_path, "shm", "shm_size", sizes, {}) == [
+        value_rules.size_problem(size) is None for size in sizes]
+    durations = ["15s", "1m30s", "1y", "9" * 40 + "s", "0s", "1h1d", "15 s", "1M"]
+    fixed = {"node_exporter_port": 9100, "node_exporter_dcgm_port": 9400}
+    assert _preflight_results(tmp_path, "node_exporter", "node_exporter_gpu_interval", durations, fixed) == [
+        value_rules.duration_problem(duration) is None for duration in durations]
