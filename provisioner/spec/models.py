@@ -415,10 +415,12 @@ class Container(_Model):
 class Slo(_Model):
     """An instance's latency objectives: the alert rules fire when a p99 over the alerts' rate_window is above one."""
 
-    ttft_p99_ms: int | None = Field(None, ge=1, description="time to first token, p99, in ms; null: no alert")
-    itl_p99_ms: int | None = Field(None, ge=1, description="inter-token latency, p99, in ms; null: no alert")
-    tpot_p99_ms: int | None = Field(None, ge=1, description="time per output token of a request, p99, in ms; "
-                                                              "null: no alert")
+    ttft_p99_ms: int | None = Field(None, ge=1, le=value_rules.MAX_LATENCY_MS,
+                                    description="time to first token, p99, in ms; null: no alert")
+    itl_p99_ms: int | None = Field(None, ge=1, le=value_rules.MAX_LATENCY_MS,
+                                   description="inter-token latency, p99, in ms; null: no alert")
+    tpot_p99_ms: int | None = Field(None, ge=1, le=value_rules.MAX_LATENCY_MS,
+                                    description="time per output token of a request, p99, in ms; null: no alert")
 
 
 class Nccl(_Model):

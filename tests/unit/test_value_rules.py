@@ -19,6 +19,7 @@ from provisioner.module_utils import value_rules
 from provisioner.paths import ROLES_DIR, collections_dir
 from provisioner.secrets import read_api_key
 from provisioner.spec import SpecError, validate_spec
+from provisioner.tune.slo import SloError, parse_slo
 from tests.unit.conftest import host, instance, problems_of, spec_data
 
 HOSTILE_NUMBERS = ["9" * 40, "9" * 400, "١٦", "16\n", " 16", "-16", "0", "", "inf", "nan", "1e3", "16.5", "0x10"]
@@ -278,3 +279,17 @@ def test_the_shm_and_node_exporter_preflights_take_exactly_what_the_spec_takes(t
     fixed = {"node_exporter_port": 9100, "node_exporter_dcgm_port": 9400}
     assert _preflight_results(tmp_path, "node_exporter", "node_exporter_gpu_interval", durations, fixed) == [
         value_rules.duration_problem(duration) is None for duration in durations]
+
+
+@pytest.mark.parametrize("term", ["ttft_p99<=" + "9" * 400 + "ms", "ttft_p99<=0ms", "ttft_p99<=3601s",
+                                  "goodput>=" + "9" * 400 + "%,ttft<=200ms", "goodput>=0%,ttft<=200ms",
+                                  "ttft_p99<=١٠ms"])
+def test_tune_refuses_an_slo_limit_every_candidate_or_none_would_meet(term):
+    with pytest.raises(SloError):
+        parse_slo(term)
+    assert parse_slo("ttft_p99<=3600s,itl_p99<=0.5ms").text == "ttft_p99<=3.6e+06ms,itl_p99<=0.5ms"
+
+
+def test_the_spec_refuses_an_slo_longer_than_an_hour():
+    data = spec_data(instances=[instance("chat", 8000, slo={"ttft_p99_ms": 10**40})])
+    assert problems_of(data) == [f"instances[0].slo.ttft_p99_ms: must be at most 3600000, got {10**40} (int)"]
