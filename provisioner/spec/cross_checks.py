@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.gpu import cards
+from provisioner.module_utils import value_rules
 from provisioner.spec.driver import cuda_problems, driver_problems
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems
@@ -558,10 +559,11 @@ def _missing_files(parts: SpecParts) -> list[Problem]:
                 host.vllm.wheelhouse, host.vllm.package_version, build_of(host.vllm.version, host.vllm.cuda)))
     ]
     for where, path, what in named:
-        if Path(path).is_dir():
-            problems.append(Problem(where, f"{path} is a folder, not a file — name the file that holds {what}"))
-        elif not Path(path).is_file():
-            problems.append(Problem(where, f"{path} does not exist — create it with {what} or correct the path"))
-        elif Path(path).stat().st_size == 0 and not where.endswith(".known_hosts"):  # empty: trusts no host yet
-            problems.append(Problem(where, f"{path} is empty — put {what} in it"))
+        # ours to read whole: a key; not the others (an image archive is large, ssh reads known_hosts itself).
+        # An empty known_hosts file trusts no host yet.
+        small = where.endswith((".key", ".api_key_file"))
+        message = value_rules.file_problem(path, what, value_rules.MAX_SMALL_FILE_BYTES if small else None,
+                                           may_be_empty=where.endswith(".known_hosts"))
+        if message:
+            problems.append(Problem(where, message))
     return problems

@@ -13,7 +13,7 @@ import difflib
 import ipaddress
 
 from provisioner.spec.errors import Problem
-from provisioner.spec.models import Host, Instance
+from provisioner.spec.models import Host, Instance, nccl_env
 from provisioner.spec.parts import SpecParts, present
 
 UNREACHABLE = ("localhost", "0.0.0.0", "::")  # no other host reaches the leader there (nor at 127.0.0.0/8, ::1)
@@ -27,6 +27,7 @@ def multinode_problems(parts: SpecParts) -> list[Problem]:
             continue
         where = f"instances[{index}]"
         problems += _runtime_problems(where, instance)
+        problems += _nccl_env_problems(where, instance)
         problems += _follower_problems(where, instance, hosts, parts.host_names)
         if instance.host in hosts:
             problems += _rendezvous_problems(where, instance, hosts[instance.host][1], parts)
@@ -45,6 +46,20 @@ def _runtime_problems(where: str, instance: Instance) -> list[Problem]:
                                 f"multinode: runs vLLM's own multi-node launcher, which needs the mp backend, not "
                                 f"{backend!r} (a Ray cluster is yours to run) — remove the option or set it to mp"))
     return problems
+
+
+# the nccl: settings, by the environment variable each one sets
+NCCL_SETTINGS = {"NCCL_SOCKET_IFNAME": "socket_ifname", "GLOO_SOCKET_IFNAME": "socket_ifname",
+                 "NCCL_P2P_DISABLE": "p2p_disable", "NCCL_IB_DISABLE": "ib_disable"}
+
+
+def _nccl_env_problems(where: str, instance: Instance) -> list[Problem]:
+    """A variable both env: and multinode.nccl set: the nccl setting won, and env's value was dropped unsaid."""
+    made = nccl_env(instance.multinode.nccl)
+    return [Problem(f"{where}.env.{name}", f"multinode.nccl.{NCCL_SETTINGS[name]} sets {name} too "
+                    f"({made[name]!r}, which wins over {value!r}) — set it in one place: remove it from env:, or "
+                    f"the nccl setting")
+            for name, value in instance.env.items() if name in made]
 
 
 def _follower_problems(where: str, instance: Instance, hosts: dict[str, tuple[int, Host]],

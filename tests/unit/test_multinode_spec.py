@@ -205,3 +205,14 @@ def test_a_rollout_keeps_each_group_in_one_batch(units, rollout, batches):
     assert json.loads(rolled.extra_vars())["rollout_batches"] == expected
     if any(size > 1 for size in units):
         assert sum(batches) == sum(units)
+
+
+def test_a_variable_both_env_and_nccl_set_is_refused_not_dropped():
+    data = group_spec(nccl={"socket_ifname": "eth1"})
+    data["instances"][0]["env"] = {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "INFO"}
+    assert problems_of(data) == [
+        "instances[0].env.NCCL_SOCKET_IFNAME: multinode.nccl.socket_ifname sets NCCL_SOCKET_IFNAME too ('eth1', which "
+        "wins over 'ib0') — set it in one place: remove it from env:, or the nccl setting"]
+    data = group_spec()
+    data["instances"][0]["env"] = {"NCCL_SOCKET_IFNAME": "ib0"}  # no nccl setting: env's is the one
+    assert validate_spec(data).instances[0].serve_env["NCCL_SOCKET_IFNAME"] == "ib0"

@@ -486,5 +486,5 @@ def test_a_bad_container_entry_names_each_field_and_its_fix():
         "lowercase, without tag or digest (e.g. docker.io/vllm/vllm-openai; the tag and digest have keys of their own)",
         "instances[0].container.digest: 'sha256:abc' is not an image digest — sha256: and 64 lowercase hex digits, "
         "as `docker images --digests` prints",
-        "instances[0].container.shm_size: 'lots' is not a size — write a number with a K, M, G or T suffix (e.g. 8G)",
+        "instances[0].container.shm_size: 'lots' is not a size — write a number with a K, M, G or T suffix (e.g. 16G)",
     ]
