@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from provisioner.cli.console import print_table, rule_text
+from provisioner.cli.console import print_rule, print_table
 from provisioner.plan import HostPlan, PlannedFile
 from provisioner.secrets import redact, redact_data, redact_environment
 from provisioner.vllm.memory import TABLE_COLUMNS
@@ -35,10 +35,7 @@ def say(console: Console, markup: str) -> None:
 
 
 def show_host_plan(console: Console, plan: HostPlan) -> None:
-    if console.is_terminal:
-        console.rule(f"[bold]{escape(plan.host)}[/] ({plan.address})")
-    else:
-        console.file.write(rule_text(f"{plan.host} ({plan.address})"))
+    print_rule(console, f"{plan.host} ({plan.address})")
     for warning in plan.warnings:
         say(console, f"[yellow]warning:[/] {escape(redact(warning))}")
     for note in plan.driver.notes if plan.driver else ():
