@@ -24,7 +24,7 @@ def invalid_spec(tmp_path):
 
 
 INVALID_SPEC_PROBLEMS = [
-    "instances[1].port: port 8000 on host ws4070 is already used by instance 'chat' (instances[0]) "
+    "instances[1].port: port 8000 on host ws4070 is already used by instance 'chat' (instances[0].port) "
     "— give each instance on a host its own port",
     "instances[1].gpu_memory_utilization: shares on GPU 0 of host ws4070 add up to 1.2 (limit 0.95) "
     "— lower gpu_memory_utilization of chat (0.6), embed (0.6) so they add up to at most 0.95",
