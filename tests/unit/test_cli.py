@@ -90,9 +90,11 @@ def test_inventory_writes_the_files(tmp_path):
 
 
 def test_inventory_reports_removed_host_vars(tmp_path):
-    two = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})]))
+    fits = [instance("chat", 8000, options={"max-model-len": 4096})]  # the gate refuses one that does not
+    two = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})],
+                                                      instances=fits))
     assert invoke("inventory", "--spec", two, "-o", tmp_path / "inv").exit_code == 0
-    write_spec(two, spec_data())
+    write_spec(two, spec_data(instances=fits))
     result = invoke("inventory", "--spec", two, "-o", tmp_path / "inv")
     assert result.exit_code == 0
     assert f"removed {tmp_path / 'inv' / 'host_vars' / 'ws3090.yml'} (host no longer in the spec)" in result.output

@@ -57,7 +57,8 @@ PROMETHEUS = "Prometheus (monitoring.prometheus_port)"
 
 @pytest.mark.parametrize(("changes", "problem"), [
     ({"small_port": 9100},
-     f"instances[1].port: port 9100 on host gpu-a is already used by {NODE_EXPORTER} — give the instance another port"),
+     f"instances[1].port: port 9100 on host gpu-a is already used by {NODE_EXPORTER} — give the instance another "
+     "port"),
     ({"small_port": 9400},
      f"instances[1].port: port 9400 on host gpu-a is already used by {DCGM} — give the instance another port"),
     ({"small_port": 9090},
