@@ -11,18 +11,20 @@ from rich.markup import escape
 from rich.text import Text
 
 from provisioner.cli.console import print_rule, print_table
+from provisioner.gate import Refusal
 from provisioner.plan import HostPlan, PlannedFile
 from provisioner.secrets import redact, redact_data, redact_environment
 from provisioner.vllm.memory import TABLE_COLUMNS
 
 
-def plan_json(spec: Path, plans: list[HostPlan], problems: list[str]) -> dict:
-    """The plan as JSON-able data, secrets redacted: keys are the plan's field names (provisioner/plan.py)."""
+def plan_json(spec: Path, plans: list[HostPlan], refusals: list[Refusal]) -> dict:
+    """The plan as JSON-able data, secrets redacted: keys are the plan's field names (provisioner/plan.py); the
+    preflight's problems as the gate's JSON error shows them (field, message, fix)."""
     return {
         "spec": str(spec),
         "hosts": [redact_data({**asdict(host_plan), "memory_problems": host_plan.memory_problems})
                   for host_plan in plans],
-        "problems": [redact(problem) for problem in problems],
+        "problems": [redact_data(refusal.as_json()) for refusal in refusals],
     }
 
 

@@ -23,6 +23,7 @@ from provisioner.spec.monitoring_checks import monitoring_problems
 from provisioner.spec.models import GROUP_OPTIONS, Host, Instance, is_int
 from provisioner.spec.multinode_checks import multinode_problems
 from provisioner.spec.parts import SpecParts, keyed_problems, present
+from provisioner.spec.port_checks import port_problems
 from provisioner.spec.text_checks import text_problems
 from provisioner.spec.wording import fmt_number
 from provisioner.vllm import flags
@@ -42,7 +43,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     for index, host in present(parts.hosts):
         problems += _host_problems(index, host)
     problems += _duplicate_instance_names(parts.instances)
-    problems += _duplicate_ports(parts.instances)
+    problems += port_problems(parts)
     problems += _unknown_hosts(parts.instances, parts.host_names)
     problems += _gpu_reference_problems(parts)
     problems += _share_problems(parts)
@@ -217,19 +218,6 @@ def _duplicate_instance_names(instances: list[Instance | None]) -> list[Problem]
             "unique across the spec (they name the systemd unit)",
         )
         for index, instance, first, _ in _first_seen([(i, inst.name, inst) for i, inst in present(instances)])
-    ]
-
-
-def _duplicate_ports(instances: list[Instance | None]) -> list[Problem]:
-    return [
-        Problem(
-            f"instances[{index}].port",
-            f"port {instance.port} on host {instance.host} is already used by instance '{other.name}' "
-            f"(instances[{first}]) — give each instance on a host its own port",
-        )
-        for index, instance, first, other in _first_seen(
-            [(i, (inst.host, inst.port), inst) for i, inst in present(instances)]
-        )
     ]
 
 
