@@ -16,7 +16,7 @@ from provisioner.paths import module_utils_file
 SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings", "sysctl_files": "sysctl_files",
           "systemd_dropins": "systemd_dropins", "systemd_show": "systemd_show", "driver_state": "nvidia_driver_state",
           "haproxy_runtime": "haproxy_runtime", "apt_lock": "apt_lock",
-          "apply_lock_run": "apply_lock_run"}
+          "apply_lock_run": "apply_lock_run", "value_rules": "value_rules"}
 
 
 def load_module_utils(name: str) -> ModuleType:

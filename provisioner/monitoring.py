@@ -16,10 +16,12 @@ import yaml
 
 from provisioner.dashboards import dashboard_files
 from provisioner.files import write_folder
+from provisioner.module_utils import value_rules
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.gateways import replica_address
 from provisioner.spec.models import Monitoring
 
+host_port = value_rules.host_port
 CONFIG_FILE = "prometheus.yml"
 TARGETS_DIR = "targets"  # file_sd files, beside the configuration (Prometheus resolves them from its folder)
 RULES_FILE = "rules/vllm-provision.yml"
@@ -61,21 +63,17 @@ def settings(spec: Spec) -> Monitoring:
 def targets(spec: Spec) -> list[Target]:
     """Every target of the spec: node_exporter (and dcgm-exporter) on each host, each instance's /metrics."""
     monitoring = settings(spec)
-    found = [Target(NODE_JOB, f"{host.address}:{monitoring.node_exporter_port}", host_labels(host))
+    found = [Target(NODE_JOB, host_port(host.address, monitoring.node_exporter_port), host_labels(host))
              for host in spec.hosts]
     if monitoring.gpu_metrics == "dcgm":
-        found += [Target(DCGM_JOB, f"{host.address}:{monitoring.dcgm_exporter_port}", host_labels(host))
+        found += [Target(DCGM_JOB, host_port(host.address, monitoring.dcgm_exporter_port), host_labels(host))
                   for host in spec.hosts if host.gpus.devices]
     for instance in spec.instances:
         host = spec.host(instance.host)
         address = "127.0.0.1" if host.name == monitoring.host and instance.bind in ("127.0.0.1", "localhost") \
             else replica_address(instance, host)
-        found.append(Target(VLLM_JOB, f"{_bracketed(address)}:{instance.port}", instance_labels(host, instance)))
+        found.append(Target(VLLM_JOB, host_port(address, instance.port), instance_labels(host, instance)))
     return found
-
-
-def _bracketed(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
 
 
 def host_labels(host: Host) -> dict[str, str]:

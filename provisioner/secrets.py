@@ -33,6 +33,8 @@ from functools import lru_cache
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from provisioner.module_utils import value_rules
+
 REDACTED = "<redacted>"
 # names whose values are secrets: VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, *_TOKEN, *_KEY,
 # *_SECRET, *_PASS, *_PAT, *_CREDENTIAL(S), *PASSWORD (compared upper-case, dashes as underscores:
@@ -291,5 +293,7 @@ def read_secret(source: Mapping[str, str]) -> str:
 
 def read_api_key(path: str | Path) -> str:
     """An API key file's key as Ansible's file lookup reads it (UTF-8, trailing whitespace off), which is
-    what the roles write into an env file and a health check. Raises OSError or UnicodeDecodeError."""
-    return Path(path).expanduser().read_bytes().decode("utf-8").rstrip()
+    what the roles write into an env file and a health check. Only a regular file, and only its first 64 KiB
+    (value_rules.read_small_file: a FIFO or /dev/zero is refused, never read). Raises OSError or
+    UnicodeDecodeError."""
+    return value_rules.read_small_file(str(Path(path).expanduser())).decode("utf-8").rstrip()

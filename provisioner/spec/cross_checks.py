@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.gpu import cards
+from provisioner.module_utils import value_rules
 from provisioner.spec.driver import cuda_problems, driver_problems
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems
@@ -22,6 +23,7 @@ from provisioner.spec.monitoring_checks import monitoring_problems
 from provisioner.spec.models import GROUP_OPTIONS, Host, Instance, is_int
 from provisioner.spec.multinode_checks import multinode_problems
 from provisioner.spec.parts import SpecParts, keyed_problems, present
+from provisioner.spec.port_checks import port_problems
 from provisioner.spec.secret_checks import inline_secret_problem, secret_source_problems
 from provisioner.spec.text_checks import text_problems
 from provisioner.spec.wording import fmt_number
@@ -42,7 +44,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     for index, host in present(parts.hosts):
         problems += _host_problems(index, host)
     problems += _duplicate_instance_names(parts.instances)
-    problems += _duplicate_ports(parts.instances)
+    problems += port_problems(parts)
     problems += _unknown_hosts(parts.instances, parts.host_names)
     problems += _gpu_reference_problems(parts)
     problems += _share_problems(parts)
@@ -218,19 +220,6 @@ def _duplicate_instance_names(instances: list[Instance | None]) -> list[Problem]
             "unique across the spec (they name the systemd unit)",
         )
         for index, instance, first, _ in _first_seen([(i, inst.name, inst) for i, inst in present(instances)])
-    ]
-
-
-def _duplicate_ports(instances: list[Instance | None]) -> list[Problem]:
-    return [
-        Problem(
-            f"instances[{index}].port",
-            f"port {instance.port} on host {instance.host} is already used by instance '{other.name}' "
-            f"(instances[{first}]) — give each instance on a host its own port",
-        )
-        for index, instance, first, other in _first_seen(
-            [(i, (inst.host, inst.port), inst) for i, inst in present(instances)]
-        )
     ]
 
 
@@ -565,10 +554,11 @@ def _missing_files(parts: SpecParts) -> list[Problem]:
                 host.vllm.wheelhouse, host.vllm.package_version, build_of(host.vllm.version, host.vllm.cuda)))
     ]
     for where, path, what in named:
-        if Path(path).is_dir():
-            problems.append(Problem(where, f"{path} is a folder, not a file — name the file that holds {what}"))
-        elif not Path(path).is_file():
-            problems.append(Problem(where, f"{path} does not exist — create it with {what} or correct the path"))
-        elif Path(path).stat().st_size == 0 and not where.endswith(".known_hosts"):  # empty: trusts no host yet
-            problems.append(Problem(where, f"{path} is empty — put {what} in it"))
+        # ours to read whole: a key; not the others (an image archive is large, ssh reads known_hosts itself).
+        # An empty known_hosts file trusts no host yet.
+        small = where.endswith((".key", ".api_key_file"))
+        message = value_rules.file_problem(path, what, value_rules.MAX_SMALL_FILE_BYTES if small else None,
+                                           may_be_empty=where.endswith(".known_hosts"))
+        if message:
+            problems.append(Problem(where, message))
     return problems

@@ -7,7 +7,6 @@ Checks across fields and entries live in `cross_checks` and `text_checks`.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Callable
@@ -28,16 +27,17 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from provisioner.module_utils import value_rules
 from provisioner.spec.wording import literal, show
 from provisioner.vllm.builds import build_of
 from provisioner.vllm.profiles import profile_env, profile_options
 
 # --------------------------------------------------------------------------- field types
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-SIZE_RE = re.compile(r"^[1-9][0-9]*[KMGT]$")
-HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+# the kinds of value the roles and the audit check too: one rule each, in plugins/module_utils/value_rules.py
+NAME_RE = re.compile(value_rules.NAME_PATTERN)
+GPU_UUID_RE = re.compile(value_rules.GPU_UUID_PATTERN)
+SIZE_RE = re.compile(value_rules.SIZE_PATTERN)
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]+)?$")
 IMAGE_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -47,7 +47,7 @@ BRANCH_RE = re.compile(r"^[1-9][0-9]{2,3}$")  # a driver branch: the number befo
 DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.95.05, 550.120
 CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
 TOOLKIT_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$")  # a package version: 1.18.0-1
-DURATION_RE = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d)$")  # a Prometheus duration: 15s, 5m, 1h
+DURATION_RE = re.compile(value_rules.DURATION_PATTERN)  # Prometheus's duration: 15s, 5m, 1m30s
 # NCCL_SOCKET_IFNAME's forms: interface names or prefixes, comma-separated, `^` excludes, `=` matches exactly
 IFNAME_RE = re.compile(r"^[=^]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")
 
@@ -67,29 +67,28 @@ def _matching(pattern: re.Pattern, kind: str, problem: str) -> Callable[[str], s
     return check
 
 
-_check_name = _matching(
-    NAME_RE, "name",
-    "is not a valid name — use lowercase letters, digits and dashes, starting with a letter or digit "
-    "(e.g. qwen7b, ws-3090)",
-)
-_check_gpu_uuid = _matching(
-    GPU_UUID_RE, "gpu_uuid",
-    "is not a GPU UUID — expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lowercase hex) as printed by "
-    "`nvidia-smi -L`",
-)
-_check_size = _matching(
-    SIZE_RE, "size",
-    "is not a size — write a number with a K, M, G or T suffix (e.g. 16G), or null to leave /dev/shm as it is",
-)
+def _ruled(rule: Callable[[Any], str | None], kind: str, fix_also: str = "") -> Callable[[Any], Any]:
+    """A validator: the value must pass `rule` (value_rules); else its problem, and `fix_also` after it."""
+
+    def check(value: Any) -> Any:
+        problem = rule(value)
+        if problem:
+            raise _invalid(kind, problem + fix_also)
+        return value
+
+    return check
+
+
+_check_name = _ruled(value_rules.name_problem, "name")
+_check_gpu_uuid = _ruled(value_rules.gpu_uuid_problem, "gpu_uuid")
+_check_size = _ruled(value_rules.size_problem, "size", ", or null to leave /dev/shm as it is")
 _check_version = _matching(VERSION_RE, "version", 'is not a version — e.g. "0.25.0" (quoted)')
 _check_image = _matching(
     IMAGE_RE, "image",
     "is not an image name — registry/repository in lowercase, without tag or digest "
     "(e.g. docker.io/vllm/vllm-openai; the tag and digest have keys of their own)",
 )
-_check_container_shm = _matching(
-    SIZE_RE, "size", "is not a size — write a number with a K, M, G or T suffix (e.g. 8G)"
-)
+_check_container_shm = _ruled(value_rules.size_problem, "size")
 _check_group = _matching(
     GROUP_RE, "group",
     "is not a valid Ansible group name — use letters, digits and underscores, not starting with a digit "
@@ -114,18 +113,8 @@ _check_ifname = _matching(
     IFNAME_RE, "ifname", "is not a network interface for NCCL — an interface name or prefix (e.g. eth1, ib0, "
     "ens5f0), several comma-separated, ^ before them to exclude, = to match exactly")
 
-_check_duration = _matching(
-    DURATION_RE, "duration", "is not a duration — a whole number and one unit of ms, s, m, h, d, as Prometheus "
-    "writes them (e.g. 15s, 5m)")
-
-
-def _check_address(value: str) -> str:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        if not HOSTNAME_RE.match(value):
-            raise _invalid("address", f"'{value}' is neither an IP address nor a host name") from None
-    return value
+_check_duration = _ruled(value_rules.duration_problem, "duration")
+_check_address = _ruled(value_rules.address_problem, "address")
 
 
 def is_int(value: Any) -> bool:
@@ -428,10 +417,12 @@ class Container(_Model):
 class Slo(_Model):
     """An instance's latency objectives: the alert rules fire when a p99 over the alerts' rate_window is above one."""
 
-    ttft_p99_ms: int | None = Field(None, ge=1, description="time to first token, p99, in ms; null: no alert")
-    itl_p99_ms: int | None = Field(None, ge=1, description="inter-token latency, p99, in ms; null: no alert")
-    tpot_p99_ms: int | None = Field(None, ge=1, description="time per output token of a request, p99, in ms; "
-                                                              "null: no alert")
+    ttft_p99_ms: int | None = Field(None, ge=1, le=value_rules.MAX_LATENCY_MS,
+                                    description="time to first token, p99, in ms; null: no alert")
+    itl_p99_ms: int | None = Field(None, ge=1, le=value_rules.MAX_LATENCY_MS,
+                                   description="inter-token latency, p99, in ms; null: no alert")
+    tpot_p99_ms: int | None = Field(None, ge=1, le=value_rules.MAX_LATENCY_MS,
+                                    description="time per output token of a request, p99, in ms; null: no alert")
 
 
 class Nccl(_Model):

@@ -13,7 +13,7 @@ import difflib
 import ipaddress
 
 from provisioner.spec.errors import Problem
-from provisioner.spec.models import Host, Instance
+from provisioner.spec.models import Host, Instance, nccl_env
 from provisioner.spec.parts import SpecParts, present
 
 UNREACHABLE = ("localhost", "0.0.0.0", "::")  # no other host reaches the leader there (nor at 127.0.0.0/8, ::1)
@@ -27,9 +27,10 @@ def multinode_problems(parts: SpecParts) -> list[Problem]:
             continue
         where = f"instances[{index}]"
         problems += _runtime_problems(where, instance)
+        problems += _nccl_env_problems(where, instance)
         problems += _follower_problems(where, instance, hosts, parts.host_names)
         if instance.host in hosts:
-            problems += _rendezvous_problems(where, instance, hosts[instance.host][1], parts)
+            problems += _rendezvous_problems(where, instance, hosts[instance.host][1])
     return problems
 
 
@@ -45,6 +46,20 @@ def _runtime_problems(where: str, instance: Instance) -> list[Problem]:
                                 f"multinode: runs vLLM's own multi-node launcher, which needs the mp backend, not "
                                 f"{backend!r} (a Ray cluster is yours to run) — remove the option or set it to mp"))
     return problems
+
+
+# the nccl: settings, by the environment variable each one sets
+NCCL_SETTINGS = {"NCCL_SOCKET_IFNAME": "socket_ifname", "GLOO_SOCKET_IFNAME": "socket_ifname",
+                 "NCCL_P2P_DISABLE": "p2p_disable", "NCCL_IB_DISABLE": "ib_disable"}
+
+
+def _nccl_env_problems(where: str, instance: Instance) -> list[Problem]:
+    """A variable both env: and multinode.nccl set: the nccl setting won, and env's value was dropped unsaid."""
+    made = nccl_env(instance.multinode.nccl)
+    return [Problem(f"{where}.env.{name}", f"multinode.nccl.{NCCL_SETTINGS[name]} sets {name} too "
+                    f"({made[name]!r}, which wins over {value!r}) — set it in one place: remove it from env:, or "
+                    f"the nccl setting")
+            for name, value in instance.env.items() if name in made]
 
 
 def _follower_problems(where: str, instance: Instance, hosts: dict[str, tuple[int, Host]],
@@ -79,7 +94,7 @@ def _follower_problems(where: str, instance: Instance, hosts: dict[str, tuple[in
     return problems
 
 
-def _rendezvous_problems(where: str, instance: Instance, leader: Host, parts: SpecParts) -> list[Problem]:
+def _rendezvous_problems(where: str, instance: Instance, leader: Host) -> list[Problem]:
     multinode = instance.multinode
     address = multinode.master_addr or leader.address
     at = f"{where}.multinode.master_addr"
@@ -88,15 +103,6 @@ def _rendezvous_problems(where: str, instance: Instance, leader: Host, parts: Sp
         given = "" if multinode.master_addr else f" (the leader {leader.name}'s address: set master_addr)"
         problems.append(Problem(at, f"the followers cannot reach the rendezvous at {address}{given} — give an "
                                 f"address of host {leader.name} they reach (e.g. its address on the nodes' network)"))
-    port = multinode.master_port
-    taken = [f"instance '{other.name}'" for _, other in present(parts.instances)
-             if other.host == leader.name and other.port == port]
-    taken += [f"gateway '{gateway.name}'" for _, gateway in present(parts.gateways)
-              if gateway.host == leader.name and gateway.port == port]
-    if taken:
-        problems.append(Problem(f"{where}.multinode.master_port", f"port {port} on host {leader.name} is "
-                                f"{' and '.join(taken)}'s — give the rendezvous a port of its own (vLLM's default: "
-                                "29501)"))
     return problems
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from provisioner.module_utils import value_rules
+
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATISTICS = ("p50", "p90", "p99", "mean", "median")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput takes
@@ -88,8 +90,9 @@ def parse_slo(text: str) -> Slo:
             raise SloError(f"--slo term {term!r} is not NAME<=LIMIT — {FORM}")
         name, op, number, unit = match["name"], match["op"], float(match["number"]), match["unit"]
         if name == "goodput":
-            if op != ">=" or unit != "%" or not 0 < number <= 100:
-                raise SloError(f"--slo term {term!r}: goodput takes a share of requests, e.g. goodput>=95%")
+            if op != ">=" or unit != "%" or value_rules.share_limit_problem(number):
+                raise SloError(f"--slo term {term!r}: goodput takes a share of requests above 0%, at most 100%, "
+                               "e.g. goodput>=95%")
             min_goodput = number / 100
             continue
         metric, _, statistic = name.partition("_")
@@ -102,9 +105,10 @@ def parse_slo(text: str) -> Slo:
             raise SloError(f"--slo term {term!r}: a latency bound is an upper limit — write {name}<={match['number']}ms")
         if unit not in ("ms", "s"):
             raise SloError(f"--slo term {term!r}: give the unit — {name}<={match['number']}ms")
-        limit = number * (1000 if unit == "s" else 1)
-        if limit <= 0:
-            raise SloError(f"--slo term {term!r}: the limit must be above 0")
+        limit = number * (1000 if unit == "s" else 1)  # a 400-digit number is float('inf'): refused here
+        if value_rules.latency_limit_problem(limit):
+            raise SloError(f"--slo term {term!r}: the limit must be above 0 and at most an hour "
+                           f"({value_rules.MAX_LATENCY_MS}ms) — e.g. {name}<=200ms")
         if statistic:
             bounds.append(Bound(metric, statistic, limit))
         elif metric in GOODPUT_METRICS:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from provisioner.module_utils import value_rules
+
+bracketed = value_rules.bracketed  # an address as it goes before :port (the one rule, value_rules)
 VLLM_DEFAULT_PORT = 8000
 VLLM_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization
 ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
@@ -57,10 +60,6 @@ def serve_model(argv: list[str], options: dict[str, list[str]]) -> str:
         if not candidate.startswith("--"):
             return candidate
     return (options.get("--model") or ["(unknown)"])[0]
-
-
-def bracketed(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 

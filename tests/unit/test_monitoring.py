@@ -128,8 +128,8 @@ def test_the_checks_name_an_unknown_monitoring_host_and_an_instance_prometheus_c
     assert monitoring.targets(validate_spec(data))[-1].address == "127.0.0.1:8000"
     data["monitoring"] = {"scrape_interval": "15 s"}
     assert problems_of(data) == [
-        "monitoring.scrape_interval: '15 s' is not a duration — a whole number and one unit of ms, s, m, h, d, as "
-        "Prometheus writes them (e.g. 15s, 5m)"]
+        "monitoring.scrape_interval: '15 s' is not a duration — write a whole number and a unit, larger units "
+        "first, as Prometheus does (e.g. 15s, 5m, 1m30s)"]
 
 
 def test_monitoring_is_not_a_group_name():
@@ -152,7 +152,8 @@ def test_provision_monitoring_export_writes_the_files_role_prometheus_writes(tmp
                        **dashboard_files()}
     assert sorted(name for name in written if name.startswith("dashboards/")) == [
         "dashboards/vllm-provision-fleet.json", "dashboards/vllm-provision-instance.json"]
-    (tmp_path / "plain.yml").write_text(yaml.safe_dump(spec_data()))
+    fits = instance("chat", 8000, options={"max-model-len": 4096})  # the gate refuses one that does not fit
+    (tmp_path / "plain.yml").write_text(yaml.safe_dump(spec_data(instances=[fits])))
     refused = CliRunner().invoke(app, ["monitoring", "export", "--out", str(tmp_path / "none"),
                                        "--spec", str(tmp_path / "plain.yml")], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert refused.exit_code == 1

@@ -99,8 +99,8 @@ PROBLEMS = [
      "instances[0].multinode.master_addr: the followers cannot reach the rendezvous at 127.0.0.1 — give an address "
      "of host gpu-a they reach (e.g. its address on the nodes' network)"),
     ({"master_port": 8000},
-     "instances[0].multinode.master_port: port 8000 on host gpu-a is instance 'big''s — give the rendezvous a port "
-     "of its own (vLLM's default: 29501)"),
+     "instances[0].multinode.master_port: port 8000 on host gpu-a is already used by instance 'big' "
+     "(instances[0].port) — give the rendezvous a port of its own (vLLM's default: 29501)"),
     ({"followers": []},
      "instances[0].multinode.followers: needs at least 1 entry, got none"),
     ({"master_port": 0},
@@ -205,3 +205,14 @@ def test_a_rollout_keeps_each_group_in_one_batch(units, rollout, batches):
     assert json.loads(rolled.extra_vars())["rollout_batches"] == expected
     if any(size > 1 for size in units):
         assert sum(batches) == sum(units)
+
+
+def test_a_variable_both_env_and_nccl_set_is_refused_not_dropped():
+    data = group_spec(nccl={"socket_ifname": "eth1"})
+    data["instances"][0]["env"] = {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "INFO"}
+    assert problems_of(data) == [
+        "instances[0].env.NCCL_SOCKET_IFNAME: multinode.nccl.socket_ifname sets NCCL_SOCKET_IFNAME too ('eth1', which "
+        "wins over 'ib0') — set it in one place: remove it from env:, or the nccl setting"]
+    data = group_spec()
+    data["instances"][0]["env"] = {"NCCL_SOCKET_IFNAME": "ib0"}  # no nccl setting: env's is the one
+    assert validate_spec(data).instances[0].serve_env["NCCL_SOCKET_IFNAME"] == "ib0"

@@ -9,6 +9,7 @@ own preflight refuses what the spec refuses, and accepts what the spec accepts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from provisioner.cli.main import app
 from provisioner.inventory import host_vars
-from provisioner.paths import ROLES_DIR
+from provisioner.paths import ROLES_DIR, collections_dir
 from provisioner.file_formats import systemd_words
 from provisioner.plan import build_plan
 from provisioner.spec import SpecError, validate_spec
@@ -282,8 +283,10 @@ def test_the_roles_preflight_refuses_what_the_spec_refuses_and_accepts_what_it_a
     ], "vars": {"entries": accepted + refused, "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}]
     (tmp_path / "playbook.yml").write_text(json.dumps(playbook))
     ansible = Path(__file__).resolve().parents[2] / ".venv/bin/ansible-playbook"
+    collections = collections_dir(tmp_path / "collections")  # the preflight's tests: vllm_provision.gpu_host.name
     run = subprocess.run([str(ansible), "-i", "localhost,", "-c", "local", str(tmp_path / "playbook.yml")],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     failed = json.loads((tmp_path / "results.json").read_text())
     assert failed[:len(accepted)] == [False] * len(accepted), [

@@ -80,7 +80,7 @@ def test_duplicate_instance_names_across_hosts():
 def test_duplicate_ports_on_one_host():
     data = spec_data(instances=[instance("embed", 8000), instance("chat", 8000)])
     assert problems_of(data) == [
-        "instances[1].port: port 8000 on host ws4070 is already used by instance 'embed' (instances[0]) "
+        "instances[1].port: port 8000 on host ws4070 is already used by instance 'embed' (instances[0].port) "
         "— give each instance on a host its own port"
     ]
 
@@ -486,5 +486,5 @@ def test_a_bad_container_entry_names_each_field_and_its_fix():
         "lowercase, without tag or digest (e.g. docker.io/vllm/vllm-openai; the tag and digest have keys of their own)",
         "instances[0].container.digest: 'sha256:abc' is not an image digest — sha256: and 64 lowercase hex digits, "
         "as `docker images --digests` prints",
-        "instances[0].container.shm_size: 'lots' is not a size — write a number with a K, M, G or T suffix (e.g. 8G)",
+        "instances[0].container.shm_size: 'lots' is not a size — write a number with a K, M, G or T suffix (e.g. 16G)",
     ]

@@ -1,0 +1,295 @@
+"""One rule per kind of value (plugins/module_utils/value_rules.py), against hostile values and, where one is
+installed, against the parser of the program that reads the value (promtool, systemd-analyze)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner import monitoring
+from provisioner.module_utils import value_rules
+from provisioner.paths import ROLES_DIR, collections_dir
+from provisioner.secrets import read_api_key
+from provisioner.spec import SpecError, validate_spec
+from provisioner.tune.slo import SloError, parse_slo
+from tests.unit.conftest import host, instance, problems_of, spec_data
+
+HOSTILE_NUMBERS = ["9" * 40, "9" * 400, "١٦", "16\n", " 16", "-16", "0", "", "inf", "nan", "1e3", "16.5", "0x10"]
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize("value", ["1K", "512M", "16G", "2T", "1024T"])
+def test_a_size_is_a_whole_number_and_a_binary_unit(value):
+    assert value_rules.size_problem(value) is None
+
+
+@pytest.mark.parametrize("value", [*[number + "G" for number in HOSTILE_NUMBERS], "16", "16g", "16GB", "16GiB",
+                                   "1025T", 16, None, True])
+def test_a_size_refuses_what_mount_and_the_engines_would_misread(value):
+    assert value_rules.size_problem(value)
+
+
+def test_a_size_in_bytes():
+    assert value_rules.size_bytes("16G") == 16 << 30
+    with pytest.raises(ValueError, match="is not a size"):
+        value_rules.size_bytes("16g")
+
+
+# --------------------------------------------------------------------------- durations
+
+ACCEPTED_DURATIONS = ["15s", "1m30s", "500ms", "1h", "1d", "2w", "1y", "1h30m15s500ms", "01m"]
+REFUSED_DURATIONS = [*[number + "s" for number in HOSTILE_NUMBERS], "1h1d", "15 s", "15s ", "1M", "1min", "1.5h",
+                     "0s", "0", "366d", "53w", "", "s", 15, None]
+
+
+@pytest.mark.parametrize("value", ACCEPTED_DURATIONS)
+def test_a_duration_in_prometheus_grammar(value):
+    assert value_rules.duration_problem(value) is None
+
+
+@pytest.mark.parametrize("value", REFUSED_DURATIONS)
+def test_a_duration_refuses_what_prometheus_refuses_and_what_is_out_of_range(value):
+    assert value_rules.duration_problem(value)
+
+
+def test_a_duration_in_milliseconds():
+    assert value_rules.duration_ms("1m30s") == 90_000
+    assert value_rules.duration_ms("1y") == value_rules.MAX_DURATION_MS
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool (Debian's prometheus) is not installed")
+def test_every_duration_the_rule_accepts_promtool_accepts_and_the_hostile_ones_it_refuses(tmp_path):
+    def promtool_accepts(value: str) -> bool:
+        config = tmp_path / "prometheus.yml"
+        config.write_text(f'global:\n  scrape_interval: "{value}"\n  evaluation_interval: "{value}"\n')
+        return subprocess.run(["promtool", "check", "config", str(config)], capture_output=True).returncode == 0
+
+    assert all(promtool_accepts(value) for value in ACCEPTED_DURATIONS)
+    refused_by_grammar = ["9" * 40 + "s", "١٦s", "1h1d", "15 s", "1M", "1min", "1.5h", "-16s", "0x10s"]
+    assert not any(promtool_accepts(value) for value in refused_by_grammar)
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
+def test_every_duration_the_rule_accepts_systemd_reads_for_the_gpu_timer_as_the_same_time():
+    for value in [value for value in ACCEPTED_DURATIONS if "y" not in value]:  # systemd's year is 365.25 days
+        shown = subprocess.run(["systemd-analyze", "timespan", value], capture_output=True, text=True, check=True)
+        microseconds = int(next(line for line in shown.stdout.splitlines() if "μs:" in line).split(":")[1])
+        assert microseconds == value_rules.duration_ms(value) * 1000, value
+
+
+def test_the_spec_takes_prometheus_s_own_form_and_refuses_a_40_digit_interval():
+    data = spec_data(instances=[])
+    assert validate_spec({**data, "monitoring": {"scrape_interval": "1m30s"}}).monitoring.scrape_interval == "1m30s"
+    (problem,) = problems_of({**data, "monitoring": {"scrape_interval": "9" * 40 + "s"}})
+    assert problem.startswith("monitoring.scrape_interval: '" + "9" * 40 + "s' is longer than a year — ")
+
+
+# --------------------------------------------------------------------------- ports and addresses
+
+
+@pytest.mark.parametrize("value", [0, -1, 65536, 10**40, True, "8000", 8000.0, None])
+def test_a_port_is_a_whole_number_from_1_to_65535(value):
+    assert value_rules.port_problem(value)
+    assert value_rules.port_problem(8000) is None
+
+
+@pytest.mark.parametrize("value", ["192.0.2.20", "2001:db8::11", "::", "gpu-1.example.org", "localhost"])
+def test_an_address(value):
+    assert value_rules.address_problem(value) is None
+
+
+@pytest.mark.parametrize("value", ["fe80::1%eth0", "2001:db8::11%1", "[2001:db8::11]", "2001:db8::11:9100:x",
+                                   "gpü.example", "a" * 64 + ".example", "x" * 254, "host name", "host\n", "", 1])
+def test_an_address_refuses_zone_ids_brackets_and_what_dns_cannot_name(value):
+    assert value_rules.address_problem(value)
+
+
+def test_the_spec_refuses_a_zone_id_naming_the_fix():
+    (problem,) = problems_of(spec_data(hosts=[host(address="fe80::1%eth0")]))
+    assert problem.startswith("hosts[0].address: 'fe80::1%eth0' has a zone id (%…)")
+
+
+def test_host_port_brackets_ipv6():
+    assert value_rules.host_port("2001:db8::11", 9100) == "[2001:db8::11]:9100"
+    assert value_rules.host_port("192.0.2.20", 9100) == "192.0.2.20:9100"
+    assert value_rules.host_port("gpu1", 9100) == "gpu1:9100"
+
+
+def test_every_scrape_target_of_an_ipv6_host_is_bracketed():
+    data = spec_data(hosts=[host(address="2001:db8::11")], instances=[instance("chat", 8000, bind="::")])
+    spec = validate_spec({**data, "monitoring": {"gpu_metrics": "dcgm"}})
+    assert sorted(target.address for target in monitoring.targets(spec)) == [
+        "[2001:db8::11]:8000", "[2001:db8::11]:9100", "[2001:db8::11]:9400"]
+
+
+# --------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("value", ["Qwen", "qwen_7b", "-qwen", "qwen\n", "ｑwen", "", 7])
+def test_a_name(value):
+    assert value_rules.name_problem(value)
+    assert value_rules.name_problem("qwen-7b") is None
+
+
+@pytest.mark.parametrize("value", ["GPU-1234", "GPU-1B2C3D4E-5F60-4718-8A9B-0C1D2E3F4A5B",
+                                   "GPU-1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b\n", "MIG-1"])
+def test_a_gpu_uuid(value):
+    assert value_rules.gpu_uuid_problem(value)
+    assert value_rules.gpu_uuid_problem("GPU-1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b") is None
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_a_file_the_spec_names_is_a_small_regular_readable_one(tmp_path):
+    key = tmp_path / "chat.key"
+    key.write_text("sk-1\n")
+    assert value_rules.file_problem(str(key), "the key") is None
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo)
+    (tmp_path / "empty.key").touch()
+    problems = {
+        "missing": value_rules.file_problem(str(tmp_path / "none.key"), "the key"),
+        "folder": value_rules.file_problem(str(tmp_path), "the key"),
+        "fifo": value_rules.file_problem(str(fifo), "the key"),
+        "device": value_rules.file_problem("/dev/zero", "the key"),
+        "empty": value_rules.file_problem(str(tmp_path / "empty.key"), "the key"),
+    }
+    big = tmp_path / "big.key"
+    big.write_bytes(b"k" * (value_rules.MAX_SMALL_FILE_BYTES + 1))
+    problems["big"] = value_rules.file_problem(str(big), "the key")
+    assert problems == {
+        "missing": f"{tmp_path}/none.key does not exist — create it with the key or correct the path",
+        "folder": f"{tmp_path} is a folder, not a file — name the file that holds the key",
+        "fifo": f"{fifo} is not a regular file (a device, a FIFO or a socket) — name a plain file that holds the key",
+        "device": "/dev/zero is not a regular file (a device, a FIFO or a socket) — name a plain file that holds the key",
+        "empty": f"{tmp_path}/empty.key is empty — put the key in it",
+        "big": f"{big} is 65537 bytes, more than the key takes (at most 65536) — name the right file",
+    }
+    assert value_rules.file_problem(str(big), "the image", max_bytes=None) is None
+    assert value_rules.file_problem(str(tmp_path / "empty.key"), "hosts", may_be_empty=True) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+def test_an_unreadable_file_is_named(tmp_path):
+    key = tmp_path / "chat.key"
+    key.write_text("sk-1\n")
+    key.chmod(0)
+    assert "is not readable by this user" in value_rules.file_problem(str(key), "the key")
+
+
+def _returns_within(seconds: float, call) -> object:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_outcome(call)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"still blocked after {seconds} s"
+    return result[0]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - the test looks at which
+        return error
+
+
+def test_reading_a_key_never_hangs_on_a_fifo_nor_reads_dev_zero_without_end(tmp_path):
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo)
+    assert isinstance(_returns_within(5, lambda: read_api_key(fifo)), OSError)
+    assert isinstance(_returns_within(5, lambda: read_api_key("/dev/zero")), OSError)
+    assert isinstance(_returns_within(5, lambda: read_api_key(tmp_path)), OSError)
+    big = tmp_path / "big.key"
+    big.write_bytes(b"k" * (10 << 20))
+    assert "larger than 65536 bytes" in str(_returns_within(5, lambda: read_api_key(big)))
+    key = tmp_path / "chat.key"
+    key.write_text("sk-1 \n")
+    assert read_api_key(key) == "sk-1"
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero", "folder"])
+def test_the_spec_refuses_a_key_file_that_is_not_a_regular_file_naming_the_field(tmp_path, target):
+    path = {"fifo": tmp_path / "fifo.key", "/dev/zero": "/dev/zero", "folder": tmp_path}[target]
+    if target == "fifo":
+        os.mkfifo(path)
+    data = spec_data(instances=[instance("chat", 8000, api_key_file=str(path))])
+    data["gateways"] = [{"name": "api", "host": "ws4070", "port": 8080}]  # its checks read the keys too
+    caught = _returns_within(20, lambda: validate_spec(data, base_dir=tmp_path))
+    assert isinstance(caught, SpecError)
+    assert [str(problem) for problem in caught.problems if "api_key_file" in str(problem)] == [
+        f"instances[0].api_key_file: {path} is "
+        + ("a folder, not a file — name the file that holds" if target == "folder" else
+           "not a regular file (a device, a FIFO or a socket) — name a plain file that holds")
+        + " the API key (its content becomes VLLM_API_KEY)"]
+
+
+# --------------------------------------------------------------------------- SLO limits
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), float("9" * 400),
+                                   3_600_001, True, "200", None])
+def test_a_latency_limit_is_finite_positive_and_at_most_an_hour(value):
+    assert value_rules.latency_limit_problem(value)
+    assert value_rules.latency_limit_problem(200) is None
+
+
+@pytest.mark.parametrize("value", [0, -5, 100.5, float("inf"), float("nan"), True])
+def test_a_share_is_a_percentage(value):
+    assert value_rules.share_limit_problem(value)
+    assert value_rules.share_limit_problem(95) is None
+
+
+# --------------------------------------------------------------------------- the roles' preflights: the same rules
+
+
+def _preflight_results(tmp_path, role: str, variable: str, values: list, fixed: dict) -> list[bool]:
+    """Run role `role`'s first preflight task (real Ansible on localhost) once per value of `variable`;
+    whether it passed, per value."""
+    (task,) = yaml.safe_load((ROLES_DIR / role / "tasks/preflight.yml").read_text())[:1]
+    task = {**task, "ignore_errors": True, "register": "checked", "loop": "{{ values }}",
+            "vars": {**task.get("vars", {}), variable: "{{ item }}"}}
+    playbook = [{"hosts": "localhost", "gather_facts": False, "vars": {"values": values, **fixed}, "tasks": [
+        task, {"ansible.builtin.copy": {"dest": str(tmp_path / "results.json"), "mode": "0600",
+                                        "content": "{{ checked.results | map(attribute='failed') | list | to_json }}"}}]}]
+    (tmp_path / "playbook.yml").write_text(json.dumps(playbook))
+    run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                          "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "playbook.yml")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_dir(tmp_path / "collections"))})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return [not failed for failed in json.loads((tmp_path / "results.json").read_text())]
+
+
+def test_the_shm_and_node_exporter_preflights_take_exactly_what_the_spec_takes(tmp_path):
+    sizes = ["16G", "512M", "1024T", "16g", "17179869184", "0G", "9" * 40 + "G", "١٦G", "1025T"]
+    assert _preflight_results(tmp_path, "shm", "shm_size", sizes, {}) == [
+        value_rules.size_problem(size) is None for size in sizes]
+    durations = ["15s", "1m30s", "1y", "9" * 40 + "s", "0s", "1h1d", "15 s", "1M"]
+    fixed = {"node_exporter_port": 9100, "node_exporter_dcgm_port": 9400}
+    assert _preflight_results(tmp_path, "node_exporter", "node_exporter_gpu_interval", durations, fixed) == [
+        value_rules.duration_problem(duration) is None for duration in durations]
+
+
+@pytest.mark.parametrize("term", ["ttft_p99<=" + "9" * 400 + "ms", "ttft_p99<=0ms", "ttft_p99<=3601s",
+                                  "goodput>=" + "9" * 400 + "%,ttft<=200ms", "goodput>=0%,ttft<=200ms",
+                                  "ttft_p99<=١٠ms"])
+def test_tune_refuses_an_slo_limit_every_candidate_or_none_would_meet(term):
+    with pytest.raises(SloError):
+        parse_slo(term)
+    assert parse_slo("ttft_p99<=3600s,itl_p99<=0.5ms").text == "ttft_p99<=3.6e+06ms,itl_p99<=0.5ms"
+
+
+def test_the_spec_refuses_an_slo_longer_than_an_hour():
+    data = spec_data(instances=[instance("chat", 8000, slo={"ttft_p99_ms": 10**40})])
+    assert problems_of(data) == [f"instances[0].slo.ttft_p99_ms: must be at most 3600000, got {10**40} (int)"]
