@@ -5,7 +5,7 @@ command works on (provisioner.preflight: each GPU's memory, the drivers the spec
 all refuse.
 
 A refusal is a `GateRefused`: every problem with its field, message and fix, as lines or as JSON data (the CLI
-prints one or the other), control characters shown escaped in both.
+prints one or the other), control characters shown escaped and every secret redacted in both.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.preflight import GateProblem, preflight_problems
+from provisioner.secrets import redact
 from provisioner.selection import SelectionError, find_spec, select_hosts
 from provisioner.spec import Host, Problem, Spec, SpecError, load_spec
 from provisioner.spec.wording import printable
@@ -36,7 +37,7 @@ class Refusal:
     @classmethod
     def of(cls, field: str, text: str, label: str | None = None) -> Refusal:
         """From a `message — fix` line (control characters escaped)."""
-        message, _, fix = printable(text).partition(FIX_SEPARATOR)
+        message, _, fix = printable(redact(text)).partition(FIX_SEPARATOR)
         return cls(printable(field), message, fix or None, label)
 
     @property
