@@ -72,6 +72,20 @@ def wait_listening(process: subprocess.Popen, port: int, what: str, seconds: flo
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port}")
 
 
+def wait_for_socket(process: subprocess.Popen, path: Path, seconds: float = 20) -> None:
+    """HAProxy's admin socket answers (its port may listen first; another process on a port taken since
+    free_port chose it would too: then haproxy has exited)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"haproxy exited {process.returncode} while starting (see haproxy.log beside {path})")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as attempt:
+            if path.exists() and attempt.connect_ex(str(path)) == 0:
+                return
+        time.sleep(0.025)
+    raise RuntimeError(f"haproxy's admin socket {path} did not answer")
+
+
 def query(path: str | Path, command: str) -> str:
     """One command on HAProxy's admin socket (non-interactive: it answers, then closes)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
@@ -112,6 +126,7 @@ class Gateway:
         self.haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(self.folder / "haproxy.cfg")],
                                         stdout=(self.folder / "haproxy.log").open("w"), stderr=subprocess.STDOUT)
         wait_listening(self.haproxy, self.port, "haproxy")
+        wait_for_socket(self.haproxy, self.socket)
         return self
 
     def start_replica(self, name: str, status: int = 200) -> None:
