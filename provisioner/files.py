@@ -31,10 +31,11 @@ def _umask_mode(mode: int) -> int:
     return mode & ~umask
 
 
-def write_folder(destination: str | Path, files: dict[str, str]) -> list[Path]:
+def write_folder(destination: str | Path, files: dict[str, str], private: bool = False) -> list[Path]:
     """Write `files` (relative path → text) under `destination`, all or none; returns their paths.
 
-    Files already in `destination` that `files` does not name are left as they are."""
+    Files already in `destination` that `files` does not name are left as they are. `private`: the files
+    0600 and the folders they are in (`destination` too) 0700, whatever the umask: only their owner reads them."""
     destination = Path(destination)
     if destination.exists() and not destination.is_dir():
         raise NotADirectoryError(20, "not a folder", str(destination))
@@ -46,13 +47,18 @@ def write_folder(destination: str | Path, files: dict[str, str]) -> list[Path]:
             path = staging / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
+        if private:
+            _make_private(staging, files)
         if destination.exists():
             _check_replaceable(destination, files)
             for relative in files:
                 (destination / relative).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(staging / relative, destination / relative)
+            if private:
+                _make_private(destination, files)
         else:
-            staging.chmod(_umask_mode(0o777))  # mkdtemp made it 0700
+            if not private:
+                staging.chmod(_umask_mode(0o777))  # mkdtemp made it 0700
             staging.rename(destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -61,6 +67,14 @@ def write_folder(destination: str | Path, files: dict[str, str]) -> list[Path]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [destination / relative for relative in files]
+
+
+def _make_private(folder: Path, files: dict[str, str]) -> None:
+    """The files under `folder` 0600, the folders they are in 0700 (`folder` too)."""
+    for relative in files:
+        (folder / relative).chmod(0o600)
+        for parent in Path(relative).parents:
+            (folder / parent).chmod(0o700)
 
 
 def _check_replaceable(destination: Path, files: dict[str, str]) -> None:

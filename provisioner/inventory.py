@@ -1,8 +1,9 @@
 """Spec → Ansible inventory, exactly per docs/variables.md.
 
 `build_inventory` returns the files as data (relative path → YAML data);
-`write_inventory` writes them with a header that marks them as generated, and
-removes the host_vars files it generated earlier for hosts no longer in the spec.
+`write_inventory` writes them (0600, in 0700 folders) with a header that marks them as generated, and
+removes the host_vars files it generated earlier for hosts no longer in the spec. No secret is in them: a
+declared secret is written as where it comes from (`secret_source`), which the roles look up on the controller.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from provisioner.spec import Container, Gateway, Host, Instance, Spec
 from provisioner.spec.driver import builds_used, minimum_branch, resolved_modules, settings_of, venv_minimum_branch
 from provisioner.spec.gateways import GATEWAY_GROUP, replica_address, routes
 from provisioner.spec.monitoring_checks import MONITORING_GROUP
-from provisioner.spec.models import ContainerToolkitSettings
+from provisioner.spec.models import ContainerToolkitSettings, SecretValue
 from provisioner.monitoring import exporter_vars, prometheus_vars
 
 GROUP = "vllm_hosts"
@@ -276,9 +277,16 @@ def service_instance(host: Host, instance: Instance, file_name: FileName = _as_i
         "gpu_memory_utilization": instance.gpu_memory_utilization,
         "options": _sorted(instance.serve_options),
         "env": _sorted(instance.serve_env),
+        "secret_env": {name: secret_source(source, file_name) for name, source in sorted(instance.secret_env.items())},
         "api_key_file": instance.api_key_file and file_name(instance.api_key_file),
         "container": container_vars(host, instance.container, file_name) if instance.container else None,
     }
+
+
+def secret_source(source: SecretValue, file_name: FileName = _as_is) -> dict[str, str]:
+    """Where the role's lookup reads a declared secret on the controller at run time: {file: PATH} (named as
+    the inventory names files) or {env: NAME}; never its value."""
+    return {"file": file_name(source.file)} if source.file else {"env": source.env}
 
 
 def container_vars(host: Host, container: Container, file_name: FileName = _as_is) -> dict[str, Any]:
@@ -316,7 +324,8 @@ def write_inventory(spec: Spec, out_dir: str | Path) -> WrittenInventory:
     remove the host_vars we generated for hosts no longer in the spec."""
     out_dir = Path(out_dir)
     files = build_inventory(spec, out_dir)
-    written = write_folder(out_dir, {relative: render_file(spec, data) for relative, data in files.items()})
+    # private: 0600 files in 0700 folders (they name where the secrets come from, and how the hosts are reached)
+    written = write_folder(out_dir, {relative: render_file(spec, data) for relative, data in files.items()}, private=True)
     result = WrittenInventory(out_dir, written=written)
     for stale in sorted((out_dir / "host_vars").glob("*.yml")):
         if f"host_vars/{stale.name}" not in files and is_generated(stale):

@@ -174,6 +174,8 @@ def planned_unit(index: int, variables: dict[str, Any]) -> PlannedUnit:
     unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_instance_index": index}
     if entry["api_key_file"]:
         unit_variables["vllm_service_api_key"] = redacted_key(entry["api_key_file"])
+    unit_variables["vllm_service_secret_env"] = {name: redacted_secret(source)
+                                                 for name, source in entry.get("secret_env", {}).items()}
     engine = (entry.get("container") or {}).get("engine")
     # the unit, or what the container engine runs instead (a quadlet, a compose file)
     unit = render_role_file("vllm_service", UNIT_TEMPLATES[engine], unit_variables)
@@ -192,6 +194,13 @@ def redacted_key(path: str) -> str:
     except (OSError, UnicodeDecodeError):
         return f"<missing: {path}>"
     return f"<redacted: {size} bytes from {path}>"
+
+
+def redacted_secret(source: dict[str, str]) -> str:
+    """What the plan shows instead of a declared secret: where it comes from."""
+    if source.get("file"):
+        return redacted_key(source["file"])
+    return f"<redacted: from the controller's ${source['env']}>"
 
 
 def fstab_line(variables: dict[str, Any]) -> str | None:

@@ -30,10 +30,12 @@ FIRST_OPEN_DEFAULT_BRANCH = 560  # the first branch neither Debian release packa
 
 @dataclass(frozen=True)
 class GateProblem:
-    """One reason the chosen hosts would not run what the spec asks: its kind (memory, driver) and the line."""
+    """One reason the chosen hosts would not run what the spec asks: its kind (memory, driver), the line, and
+    the field of the spec it is about (hosts[0].driver.branch, hosts[0].gpus.devices[1])."""
 
     kind: str
     message: str
+    field: str
 
     def __str__(self) -> str:
         return self.message
@@ -261,16 +263,40 @@ def driver_checks(spec: Spec, hosts: Iterable[Host], readings: DriverReadings | 
 def preflight_problems(spec: Spec, hosts: Iterable[Host], readings: DriverReadings | None = None) -> list[GateProblem]:
     """What would keep an instance on `hosts` (of `spec`) from starting, one line each; none: []."""
     hosts = list(hosts)
-    problems = [GateProblem(MEMORY, problem) for host in hosts
-                for problem in memory_problems(host.name, host_memory(host, spec.instances_on(host.name)))]
-    return problems + [GateProblem(DRIVER, problem) for check in driver_checks(spec, hosts, readings)
-                       for problem in check.problems]
+    problems = [GateProblem(MEMORY, problem, gpu_field(spec, host, gpu.label))
+                for host in hosts for gpu in host_memory(host, spec.instances_on(host.name))
+                for problem in memory_problems(host.name, [gpu])]
+    return problems + driver_problems(spec, hosts, readings)
+
+
+def driver_problems(spec: Spec, hosts: Iterable[Host], readings: DriverReadings | None = None) -> list[GateProblem]:
+    """The driver gate's problems on `hosts`, each at the field that names the driver (where apply read it:
+    the host's driver section)."""
+    return [GateProblem(DRIVER, problem, driver_field(spec, check)) for check in driver_checks(spec, hosts, readings)
+            for problem in check.problems]
+
+
+def host_field(spec: Spec, host_name: str) -> str:
+    """hosts[2]: where the spec lists the host."""
+    return f"hosts[{[host.name for host in spec.hosts].index(host_name)}]"
+
+
+def gpu_field(spec: Spec, host: Host, label: str) -> str:
+    """hosts[0].gpus.devices[1] for the device `label` (GPU 3) names; the host's devices where none does."""
+    where = f"{host_field(spec, host.name)}.gpus.devices"
+    index = next((index for index, device in enumerate(host.gpus.devices) if f"GPU {device.index}" == label), None)
+    return where if index is None else f"{where}[{index}]"
+
+
+def driver_field(spec: Spec, check: DriverCheck) -> str:
+    """hosts[0].driver.branch (or .version) where the spec names the driver; hosts[0].driver where apply read it."""
+    source = check.driver.source if check.driver is not None else ""
+    return f"{host_field(spec, check.host)}.{source if source.startswith('driver.') else 'driver'}"
 
 
 def check_readings(spec: Spec, hosts: Iterable[Host], readings: DriverReadings) -> None:
     """Raise PreflightError when a driver apply read (on `hosts`) is too old, or missing."""
-    problems = [GateProblem(DRIVER, problem) for check in driver_checks(spec, hosts, readings)
-                for problem in check.problems]
+    problems = driver_problems(spec, hosts, readings)
     if problems:
         raise PreflightError(problems)
 

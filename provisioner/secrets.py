@@ -8,18 +8,24 @@ bench) passes it through here. What counts as a secret:
   - the values of variables and keys whose names hold secrets (`is_secret_name`): `VLLM_API_KEY=…`
     in a unit's Environment=, an env file, /proc/<pid>/environ (NUL-separated), `export …`, YAML
     `api-key: …`, JSON `"HF_TOKEN": "…"`, Python reprs `'api_key': ['…']`;
-  - credentials: `Authorization: Bearer …` (or Basic), a bare `Bearer …`, a URL's password.
+  - credentials: `Authorization: Bearer …` (or Basic), a bare `Bearer …`, a URL's password;
+  - every value the spec declares secret (`declare_secret`: an instance's API key, its env values from
+    `{file: …}` or `{env: …}`), wherever it appears, whatever its name.
 
-`read_api_key` reads an instance's key file as the roles read it. `redact_argv` works on a split command
+`read_api_key` reads an instance's key file as the roles read it; `read_secret` a declared secret's value
+as the roles' lookups read it. `redact_argv` works on a split command
 line word by word; `redact` on any text (it finds the secret
 values with the same rules, then replaces each wherever it occurs, whatever the quoting);
-`redact_data` on JSON-able data. A text without secrets comes back unchanged.
+`redact_data` on JSON-able data. A text without secrets comes back unchanged. `holds_secret` says whether a
+text holds one, a declared one given by its digest (`declared_digests`: the audit suite is never handed a value).
 
 Standard library only: the audit suite imports it in its own pytest process.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shlex
 from pathlib import Path
@@ -31,8 +37,9 @@ from provisioner.module_utils import value_rules
 
 REDACTED = "<redacted>"
 # names whose values are secrets: VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, *_TOKEN, *_KEY,
-# *_SECRET, *PASSWORD (compared upper-case, dashes as underscores: `--api-key` → API_KEY)
-SECRET_NAME = re.compile(r"(^|_)(TOKEN|KEY|APIKEY|SECRET)$|PASSWORD$|PASSWD$")
+# *_SECRET, *_PASS, *_PAT, *_CREDENTIAL(S), *PASSWORD (compared upper-case, dashes as underscores:
+# `--api-key` → API_KEY)
+SECRET_NAME = re.compile(r"(^|_)(TOKEN|KEY|APIKEY|SECRET|PASS|PAT|CREDENTIALS?)$|PASSWORD$|PASSWD$")
 ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
 VALUE = r"""(\[[^\]\n]*\]|'[^'\n]*'|"[^"\n]*"|[^\s,;}\]"'\x00|&()<>]+)"""
 # NAME=value and --name=value anywhere; "NAME": value and 'name': ['v1', 'v2'] (JSON, Python reprs)
@@ -52,6 +59,37 @@ CREDENTIALS = re.compile(
 BOUNDED = r"(?<![\w.+/-]){}(?![\w.+/-])"
 
 
+# the values the spec declares secret (`declare_secret`): redacted wherever they appear
+_declared: set[str] = set()
+
+
+def declare_secret(value: str) -> None:
+    """Redact `value` from now on wherever it appears, whatever names it (the spec declared it secret)."""
+    if value.strip():
+        _declared.add(value)
+
+
+def declared_digests() -> list[tuple[int, str]]:
+    """(length, sha256) of each declared secret: what another process (the audit suite) looks for in a text
+    without being handed the secret itself (`holds_secret`)."""
+    return sorted((len(value), hashlib.sha256(value.encode()).hexdigest()) for value in _declared)
+
+
+def holds_secret(text: str, digests: Iterable[tuple[int, str]] = (), by_rules: bool = True) -> bool:
+    """Whether `text` holds a secret: one the rules find (`by_rules`: they read configuration and command lines,
+    not a program's code), or a declared one given by its `declared_digests`."""
+    if by_rules and secrets_in(text):
+        return True
+    wanted = {tuple(digest) for digest in digests}
+    return any(hashlib.sha256(text[start:start + length].encode()).hexdigest() == digest
+               for length, digest in wanted for start in range(len(text) - length + 1))
+
+
+def forget_declared_secrets() -> None:
+    """No declared secret any more (a process that reads another spec; tests)."""
+    _declared.clear()
+
+
 def is_secret_name(name: str) -> bool:
     """A variable, key or flag name whose value is a secret: VLLM_API_KEY, hf-token, --api-key, db_password…"""
     return bool(SECRET_NAME.search(name.strip("'\"").lstrip("-").replace("-", "_").upper()))
@@ -64,7 +102,7 @@ def is_secret_flag(word: str) -> bool:
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
     """A split command line with every secret replaced by REDACTED, word for word (same length)."""
-    return [shown for shown, _ in _scan_words(list(argv))]
+    return [_replace_anywhere(shown, _declared) for shown, _ in _scan_words(list(argv))]
 
 
 def shown_command(argv: Iterable[str]) -> str:
@@ -105,6 +143,7 @@ def redact(text: str) -> str:
     replaced by REDACTED; a text without secrets comes back as it was."""
     if not text:
         return text
+    text = _replace_anywhere(text, _declared)
     found = secrets_in(text)
     if not found:
         return text
@@ -233,6 +272,23 @@ def _replace(text: str, values: set[str]) -> str:
     for value in sorted(values, key=len, reverse=True):
         text = re.sub(BOUNDED.format(re.escape(value)), REDACTED, text)
     return text
+
+
+def _replace_anywhere(text: str, values: Iterable[str]) -> str:
+    """`text` with each value in it replaced, also inside a longer word (a declared secret shows nowhere)."""
+    for value in sorted(values, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def read_secret(source: Mapping[str, str]) -> str:
+    """A declared secret's value as the roles' lookups read it: `{file: PATH}` as Ansible's file lookup
+    (`read_api_key`), `{env: NAME}` the controller's environment variable. Raises OSError,
+    UnicodeDecodeError, or KeyError for an unset variable."""
+    if source.get("file") is not None:
+        return read_api_key(source["file"])
+    return os.environ[source["env"]]
 
 
 def read_api_key(path: str | Path) -> str:

@@ -157,8 +157,8 @@ def _table_places(model: dict, root: dict, path: str = "", places: dict[str, str
     for name, field in model.get("properties", {}).items():
         below = _ref_below(field)
         if below and below[0] not in places:
-            ref, is_list = below
-            places[ref] = f"{path}.{name}{'[]' if is_list else ''}".lstrip(".")
+            ref, suffix = below
+            places[ref] = f"{path}.{name}{suffix}".lstrip(".")
             _table_places(_deref(ref, root), root, places[ref], places)
     return places
 
@@ -169,14 +169,19 @@ def _models(root: dict, places: dict[str, str]):
         yield path, model, model.get("properties", {}), set(model.get("required", []))
 
 
-def _ref_below(field: dict) -> tuple[str, bool] | None:
-    """The model a field holds (directly, or null allowed) or lists, and whether it lists it."""
+def _ref_below(field: dict) -> tuple[str, str] | None:
+    """The model a field holds (directly, or null allowed), lists (`[]`) or maps names to (`.*`: one kind of its
+    values), and how its path goes on from the field's: "", "[]" or ".*"."""
     for option in field.get("anyOf", [field]):
         if "$ref" in option:
-            return option["$ref"], False
+            return option["$ref"], ""
         items = option.get("items", {})
         if "$ref" in items:
-            return items["$ref"], True
+            return items["$ref"], "[]"
+        values = option.get("additionalProperties")
+        for value in values.get("oneOf", [values]) if isinstance(values, dict) else []:
+            if "$ref" in value:
+                return value["$ref"], ".*"
     return None
 
 
@@ -186,12 +191,12 @@ def _deref(ref: str, root: dict) -> dict:
 
 def _referenced(field: dict, root: dict) -> dict:
     below = _ref_below(field)
-    return _deref(below[0], root) if below and not below[1] else {}
+    return _deref(below[0], root) if below and not below[1] else {}  # a model held directly
 
 
 def _type(field: dict, places: dict[str, str]) -> str:
-    if "anyOf" in field:
-        return " or ".join(_type(option, places) for option in field["anyOf"])
+    if "anyOf" in field or "oneOf" in field:
+        return " or ".join(_type(option, places) for option in field.get("anyOf") or field["oneOf"])
     if "$ref" in field:
         return f"mapping (`{places[field['$ref']]}`)"
     if "const" in field:

@@ -46,7 +46,7 @@ from provisioner.roles import (
     role_defaults,
     role_vars,
 )
-from provisioner.secrets import read_api_key, redact_environment, shown_command
+from provisioner.secrets import declared_digests, read_api_key, read_secret, redact_environment, shown_command
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.driver import builds_used
 from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
@@ -148,6 +148,8 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
         "vllm_install": vllm_install_expectations(variables),
         "container_toolkit": container_toolkit_expectations(variables),
         "managed_files": managed_files(variables, plan),
+        # the spec's secrets as (length, sha256): row `secrets readable by others` finds them in a file by digest
+        "secret_digests": declared_digests(),
         "gateway": gateway_expectations(variables) if variables["gateway_frontends"] else None,
         "units": [
             unit_expectations(variables, unit, entry)
@@ -307,8 +309,10 @@ def time_span(seconds: int) -> str:
 
 
 def env_file_sha256(variables: dict[str, Any], entry: dict[str, Any]) -> str:
-    """sha256 of the env file as the role renders it, with the real key (never shown; only its hash)."""
-    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": ""}
+    """sha256 of the env file as the role renders it, with the real key and secrets (never shown; only its hash)."""
+    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": "",
+                      "vllm_service_secret_env": {name: read_secret(source)
+                                                  for name, source in entry.get("secret_env", {}).items()}}
     if entry.get("api_key_file"):
         # as Ansible's file lookup reads it: trailing whitespace off
         unit_variables["vllm_service_api_key"] = read_api_key(entry["api_key_file"])

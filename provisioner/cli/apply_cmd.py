@@ -9,14 +9,17 @@ import typer
 from provisioner.cli.common import (
     INTERRUPTED,
     PROBLEMS_FOUND,
+    STDOUT,
     USAGE_ERROR,
     HostsArgument,
     SpecOption,
     exit_with,
-    find_spec_or_exit,
-    load_spec_or_exit,
-    select_or_exit,
+    gate_or_exit,
+    preflight_or_exit,
+    refusal_note,
 )
+
+NOTHING_APPLIED = "nothing applied"
 
 app = typer.Typer()
 
@@ -75,9 +78,9 @@ def apply(
     from provisioner.spec_lock import SpecBusy
 
     out = Output(to_stderr=as_json)
-    spec = find_spec_or_exit(spec)
-    loaded = load_spec_or_exit(spec)
-    chosen = [host.name for host in select_or_exit(loaded, hosts)]
+    json_to = STDOUT if as_json else None
+    gated = gate_or_exit(spec, hosts, preflight=False, json_to=json_to, nothing=NOTHING_APPLIED)  # usage errors first
+    spec, loaded, chosen = gated.path, gated.spec, [host.name for host in gated.hosts]
     if not rolling and (batch, max_fail, min_serving) != ("1", "0", "1"):
         exit_with(USAGE_ERROR, "--batch, --max-fail and --min-serving say how a rolling apply goes — add --rolling")
     controls = Controls(tags=split_tags(tags or []), skip_tags=split_tags(skip_tags or []),
@@ -88,9 +91,8 @@ def apply(
         check_apply(loaded, chosen, controls)  # apply_spec checks again; here: before the password prompt
     except (ControlError, AnsibleConfigError) as error:
         exit_with(USAGE_ERROR, redact(str(error)))
-    except PreflightError as refused:  # vLLM would refuse to start: touch no host
-        show_refusal(out, refused)
-        exit_with(PROBLEMS_FOUND)
+    except PreflightError:  # vLLM would refuse to start: the gate's refusal, no host touched
+        preflight_or_exit(gated, json_to=json_to, nothing=NOTHING_APPLIED)
     if ask_become_pass:
         with warnings.catch_warnings():  # no terminal (a pipe, CI): getpass says so in its own words
             warnings.simplefilter("ignore", getpass.GetPassWarning)
@@ -130,12 +132,12 @@ def apply(
 
 
 def show_refusal(out, refused) -> None:
-    """Each reason the gate refused the run (provisioner/preflight.py): no host was changed."""
+    """Each reason the preflight refused the run once apply read the drivers (provisioner/preflight.py): no host
+    was changed."""
     from rich.markup import escape
 
+    from provisioner.spec.wording import printable
+
     for problem in refused.problems:
-        out.print(f"[bold red]{problem.kind}:[/] {escape(problem.message)}")
-    if any(problem.kind == "driver" for problem in refused.problems):
-        out.print("nothing applied: fix the driver or the spec (`provision plan` shows what each host needs)")
-    else:
-        out.print("nothing applied: fix the spec (`provision plan` shows each GPU's memory)")
+        out.print(f"[bold red]{problem.kind}:[/] {escape(printable(problem.message))}")
+    out.print(refusal_note({problem.kind for problem in refused.problems}, NOTHING_APPLIED), markup=False)

@@ -10,20 +10,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from provisioner.cli.common import (
+    STDOUT,
     USAGE_ERROR,
     HostsArgument,
     SpecOption,
-    exit_on_write_error,
     exit_with,
-    load_spec_or_exit,
-    select_or_exit,
+    gate_or_exit,
+    write_to,
 )
 
 if TYPE_CHECKING:
     from provisioner.audit.expectations import Target
     from provisioner.audit.runner import HostReport
 
-STDOUT = "-"
 app = typer.Typer(help="Audit what apply set: the spec's hosts against the spec, or a server of no spec of ours "
                        "against a profile.", no_args_is_help=True)
 
@@ -52,7 +51,7 @@ def audit_spec(
     """
     check_report_destinations(json_file, junit)
     spec_path = found_spec(spec)
-    targets = targets_of_spec(spec_path, hosts or [])
+    targets = targets_of_spec(spec_path, hosts or [], json_file)
     report(run_with_progress(targets, None, spec_path), junit, json_file, every_check)
 
 
@@ -114,14 +113,8 @@ def report(reports: dict[str, HostReport], junit: str | None, json_file: str | N
 
 def write_report(destination: str, text: str) -> None:
     """The report to stdout (`-`) or to the file; a file that cannot be written: exit 2."""
-    from provisioner.files import write_file
-
-    if destination == STDOUT:
-        typer.echo(text, nl=False)
-        return
     try:
-        with exit_on_write_error(destination):
-            write_file(Path(destination), text.encode("utf-8"))
+        write_to(destination, text)
     except typer.Exit:
         exit_with(USAGE_ERROR)  # 1 would read as "drift found"
 
@@ -143,16 +136,14 @@ def found_spec(option: Path | None) -> Path:
         fail(f"{error}; or audit a server with no spec of ours with `provision audit host ssh://user@address`")
 
 
-def targets_of_spec(spec: Path, names: list[str]) -> list[Target]:
-    """The targets of the hosts `names` stand for (host or group names, all; none: every host)."""
+def targets_of_spec(spec: Path, names: list[str], json_file: str | None = None) -> list[Target]:
+    """The targets of the hosts `names` stand for (host or group names, all; none: every host), once the spec
+    passed the gate (a refusal: exit 2, as JSON too where the JSON report would go)."""
     from provisioner.audit.expectations import spec_targets
 
-    try:
-        loaded = load_spec_or_exit(spec)
-    except typer.Exit:
-        exit_with(USAGE_ERROR)  # 1 would read as "drift found"
-    chosen = {chosen_host.name for chosen_host in select_or_exit(loaded, names)}  # unknown name: exit 2
-    return [target for target in spec_targets(loaded) if target.name in chosen]
+    gated = gate_or_exit(spec, names, json_to=json_file, invalid_code=USAGE_ERROR)  # 1 would read as "drift found"
+    chosen = {host.name for host in gated.hosts}
+    return [target for target in spec_targets(gated.spec) if target.name in chosen]
 
 
 def host_target(url: str, key: Path | None, known_hosts: Path | None) -> Target:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import INTERRUPTED, PROBLEMS_FOUND, USAGE_ERROR, SpecOption, exit_with, load_found_spec
+from provisioner.cli.common import INTERRUPTED, PROBLEMS_FOUND, USAGE_ERROR, SpecOption, exit_with, gate_or_exit
 
 DEFAULT_RESULTS = Path("bench-results")
 app = typer.Typer(help="Load-test a deployed instance with vLLM's own `vllm bench serve`; compare run sets.",
@@ -49,15 +49,16 @@ def bench_run(
     from provisioner.remote import RemoteError
     from provisioner.secrets import redact
     from provisioner.spec import SpecError
+    from provisioner.spec.wording import printable
 
     console = make_console()
     try:
         profile = get_load(load)
         parsed_sweep = parse_sweep(sweep) if sweep else None
-        loaded = load_found_spec(spec)
+        loaded = gate_or_exit(spec).spec
         target = bench_target(loaded, instance, vllm)
     except ValueError as error:
-        console.print(f"[bold red]error:[/] {escape(redact(str(error)))}")
+        console.print(f"[bold red]error:[/] {escape(printable(redact(str(error))))}")
         exit_with(USAGE_ERROR)
     name = baseline or run_set_name(target)
     if (results / name).exists():
@@ -73,11 +74,12 @@ def bench_run(
             run_sets = [run_set_with_progress(console, target, profile, repeats, name, {"floor": floor_info})]
     except SpecError as error:
         for problem in error.problems:
-            console.print(f"[bold red]{escape(problem.path)}:[/] {escape(redact(problem.message))}")
+            console.print(f"[bold red]{escape(printable(problem.path))}:[/] "
+                          f"{escape(printable(redact(problem.message)))}")
         console.print("nothing was changed on the host")
         exit_with(PROBLEMS_FOUND)
     except (BenchError, RemoteError, ValueError) as error:
-        console.print(f"[bold red]error:[/] {escape(redact(str(error)))}")
+        console.print(f"[bold red]error:[/] {escape(printable(redact(str(error))))}")
         exit_with(PROBLEMS_FOUND)
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]; the instance's config is as it was before the bench")

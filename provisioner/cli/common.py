@@ -6,21 +6,23 @@ without loading the spec's models; the helpers import what they use when called.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
-    from provisioner.spec import Host, Spec
+    from provisioner.gate import Gated
 
 # the exit codes of every command (README): one meaning each
 PROBLEMS_FOUND = 1  # the spec has problems, drift was found, a run failed
 USAGE_ERROR = 2  # wrong arguments, or the command could not run at all
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug (main.run)
+STDOUT = "-"  # a report (or a JSON error) written to stdout
+T = TypeVar("T")
 
 SpecOption = Annotated[Path | None, typer.Option(
     "--spec", "-s", metavar="FILE", show_default=False,
@@ -31,49 +33,81 @@ HostsArgument = Annotated[list[str] | None, typer.Argument(
 
 
 def exit_with(code: int, message: str | None = None) -> NoReturn:
-    """Leave the command with `code` (one of the above), saying `message` on stderr first when given."""
+    """Leave the command with `code` (one of the above), saying `message` on stderr first when given (its
+    control characters shown escaped)."""
     if message is not None:
-        typer.echo(message, err=True)
+        from provisioner.spec.wording import printable
+
+        typer.echo(printable(message), err=True)
     raise typer.Exit(code)
 
 
-def find_spec_or_exit(option: Path | None) -> Path:
-    """The spec a command reads (provisioner.selection.find_spec); none: one line and exit 2."""
-    from provisioner.selection import SelectionError, find_spec
+NOTHING_DONE = "nothing was written and no host was touched"
+
+
+def gate_or_exit(option: Path | None, names: list[str] | None = None, *, preflight: bool = True,
+                 json_to: str | None = None, invalid_code: int = PROBLEMS_FOUND, nothing: str = NOTHING_DONE) -> Gated:
+    """The spec through the one gate (provisioner.gate: found, valid, the HOST names known; with `preflight`,
+    every GPU's memory and the drivers the spec names on those hosts), or exit: 2 for a usage error (no spec, an
+    unknown HOST), else `invalid_code`. The refusal goes to stderr as lines (the preflight's followed by
+    `nothing`: what to fix), or with `json_to` as one JSON error object: to stdout (`-`, nothing else printed) or
+    into that file."""
+    from provisioner.gate import read_spec
+
+    gated = passed_or_exit(lambda: read_spec(option, names or []), json_to, invalid_code, nothing)
+    if preflight:
+        preflight_or_exit(gated, json_to=json_to, invalid_code=invalid_code, nothing=nothing)
+    return gated
+
+
+def preflight_or_exit(gated: Gated, *, json_to: str | None = None, invalid_code: int = PROBLEMS_FOUND,
+                      nothing: str = NOTHING_DONE) -> None:
+    """The gate's preflight on what passed `gate_or_exit(preflight=False)`; refused: as gate_or_exit says."""
+    from provisioner.gate import preflight_gate
+
+    passed_or_exit(lambda: preflight_gate(gated), json_to, invalid_code, nothing)
+
+
+def passed_or_exit(step: Callable[[], T], json_to: str | None, invalid_code: int, nothing: str) -> T:
+    """`step()` of the gate; a GateRefused shown (see gate_or_exit) and exit."""
+    from provisioner.gate import REFUSED, USAGE, GateRefused
 
     try:
-        return find_spec(option)
-    except SelectionError as error:
-        exit_with(USAGE_ERROR, str(error))
+        return step()
+    except GateRefused as refused:
+        if json_to is not None:
+            write_json_error(refused.as_json(), json_to)
+        if json_to != STDOUT:
+            lines = refused.lines
+            if refused.kind == REFUSED:
+                lines.append(refusal_note({refusal.label for refusal in refused.refusals}, nothing))
+            typer.echo("\n".join(lines), err=True)
+        exit_with(USAGE_ERROR if refused.kind == USAGE else invalid_code)
 
 
-def load_found_spec(option: Path | None) -> Spec:
-    """Find the spec (--spec, $PROVISION_SPEC, ./provision.yml) and load it, or exit (2: none, 1: invalid)."""
-    return load_spec_or_exit(find_spec_or_exit(option))
+def refusal_note(kinds: set[str | None], nothing: str) -> str:
+    """The line after the preflight's refusal (provisioner/preflight.py): nothing done, and what to fix."""
+    if "driver" in kinds:
+        return f"{nothing}: fix the driver or the spec (`provision plan` shows what each host needs)"
+    return f"{nothing}: fix the spec (`provision plan` shows each GPU's memory)"
 
 
-def select_or_exit(spec: Spec, names: list[str] | None) -> list[Host]:
-    """The hosts HOST arguments stand for (provisioner.selection.select_hosts); an unknown name: exit 2."""
-    from provisioner.selection import SelectionError, select_hosts
+def write_json_error(error: dict, destination: str) -> None:
+    """A JSON error object to stdout (`-`) or into the file `destination` (where its report would go)."""
+    import json
 
-    try:
-        return select_hosts(spec, names or [])
-    except SelectionError as error:
-        exit_with(USAGE_ERROR, str(error))
+    write_to(destination, json.dumps(error, indent=2, ensure_ascii=False) + "\n")
 
 
-def load_spec_or_exit(path: str | Path) -> Spec:
-    """Load and validate the spec; on problems, print each as `path: message` to stderr and exit 1."""
-    from provisioner.spec import SpecError, load_spec
+def write_to(destination: str, text: str) -> None:
+    """`text` to stdout (`-`) or into the file (provisioner.files: whole or not at all; cannot: exit 1)."""
+    from provisioner.files import write_file
 
-    try:
-        return load_spec(path)
-    except SpecError as error:
-        count = len(error.problems)
-        typer.echo(f"{path}: {count} problem{'s' if count != 1 else ''}", err=True)
-        for problem in error.problems:
-            typer.echo(str(problem), err=True)
-        exit_with(PROBLEMS_FOUND)
+    if destination == STDOUT:
+        typer.echo(text, nl=False)
+        return
+    with exit_on_write_error(destination):
+        write_file(Path(destination), text.encode("utf-8"))
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from typing import IO
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -81,7 +82,16 @@ def table_text(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str
     return text + line("└", "─", "┴", "┘")
 
 
+def print_rule(console: Console, title: str) -> None:
+    """console.rule(title) for a plain title; off a terminal a title that fits is drawn without Rich (rule_text)."""
+    if console.is_terminal or cell_len(title) > RULE_WIDTH - 4:  # Rich cuts a longer title
+        console.rule(escape(title))
+    else:
+        console.file.write(rule_text(title))
+
+
 def rule_text(title: str) -> str:
-    """The line console.rule(title) draws off a terminal (RULE_WIDTH wide), for a plain title that fits."""
+    """The line console.rule(title) draws off a terminal (RULE_WIDTH wide) for a plain title of at most
+    RULE_WIDTH - 4 cells."""
     left = (RULE_WIDTH - cell_len(title) - 2) // 2
     return f"{'─' * left} {title} {'─' * (RULE_WIDTH - cell_len(title) - 2 - left)}\n"

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, exit_on_write_error, exit_with, load_found_spec
+from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, exit_on_write_error, exit_with, gate_or_exit
 
 app = typer.Typer()
 
@@ -23,7 +23,7 @@ def export(
     (dashboards/*.json, for Grafana's file provisioning); every file or none."""
     from provisioner.monitoring import export as write_export
 
-    loaded = load_found_spec(spec)
+    loaded = gate_or_exit(spec).spec
     if loaded.monitoring is None:
         exit_with(PROBLEMS_FOUND, "the spec has no monitoring: section — add one (`monitoring: {}` puts the exporters "
                                   "on every host at the next apply), then export its configuration")

@@ -10,19 +10,21 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from provisioner.cli.console import print_table, rule_text
+from provisioner.cli.console import print_rule, print_table
+from provisioner.gate import Refusal
 from provisioner.plan import HostPlan, PlannedFile
 from provisioner.secrets import redact, redact_data, redact_environment
 from provisioner.vllm.memory import TABLE_COLUMNS
 
 
-def plan_json(spec: Path, plans: list[HostPlan], problems: list[str]) -> dict:
-    """The plan as JSON-able data, secrets redacted: keys are the plan's field names (provisioner/plan.py)."""
+def plan_json(spec: Path, plans: list[HostPlan], refusals: list[Refusal]) -> dict:
+    """The plan as JSON-able data, secrets redacted: keys are the plan's field names (provisioner/plan.py); the
+    preflight's problems as the gate's JSON error shows them (field, message, fix)."""
     return {
         "spec": str(spec),
         "hosts": [redact_data({**asdict(host_plan), "memory_problems": host_plan.memory_problems})
                   for host_plan in plans],
-        "problems": [redact(problem) for problem in problems],
+        "problems": [redact_data(refusal.as_json()) for refusal in refusals],
     }
 
 
@@ -35,10 +37,7 @@ def say(console: Console, markup: str) -> None:
 
 
 def show_host_plan(console: Console, plan: HostPlan) -> None:
-    if console.is_terminal:
-        console.rule(f"[bold]{escape(plan.host)}[/] ({plan.address})")
-    else:
-        console.file.write(rule_text(f"{plan.host} ({plan.address})"))
+    print_rule(console, f"{plan.host} ({plan.address})")
     for warning in plan.warnings:
         say(console, f"[yellow]warning:[/] {escape(redact(warning))}")
     for note in plan.driver.notes if plan.driver else ():

@@ -11,14 +11,12 @@ import typer
 
 from provisioner.cli.common import (
     PROBLEMS_FOUND,
+    STDOUT,
     HostsArgument,
     SpecOption,
     exit_on_write_error,
     exit_with,
-    find_spec_or_exit,
-    load_found_spec,
-    load_spec_or_exit,
-    select_or_exit,
+    gate_or_exit,
 )
 from provisioner.selection import DEFAULT_SPEC
 
@@ -70,9 +68,9 @@ def inventory(
     """Validate the spec and write its Ansible inventory (hosts.yml, group_vars/, host_vars/)."""
     from provisioner.inventory import write_inventory
 
-    loaded = load_found_spec(spec)
+    gated = gate_or_exit(spec)
     with exit_on_write_error(output):
-        result = write_inventory(loaded, output)
+        result = write_inventory(gated.spec, output)
     for path in result.written:
         typer.echo(f"wrote {path}")
     for path in result.removed:
@@ -91,21 +89,20 @@ def plan(
     from rich.markup import escape
 
     from provisioner.cli.plan_view import plan_json, show_host_plan
+    from provisioner.gate import preflight_refusals
     from provisioner.plan import build_plan
-    from provisioner.preflight import preflight_problems
 
-    spec = find_spec_or_exit(spec)
-    loaded = load_spec_or_exit(spec)
-    chosen = select_or_exit(loaded, hosts)
-    plans = build_plan(loaded, [host.name for host in chosen])
-    problems = preflight_problems(loaded, chosen)
+    # the preflight's problems are shown after the plan, which explains them
+    gated = gate_or_exit(spec, hosts, preflight=False, json_to=STDOUT if as_json else None)
+    plans = build_plan(gated.spec, [host.name for host in gated.hosts])
+    refusals = preflight_refusals(gated)
     if as_json:
-        typer.echo(json.dumps(plan_json(spec, plans, [str(problem) for problem in problems]), indent=2))
-        raise typer.Exit(PROBLEMS_FOUND if problems else 0)
+        typer.echo(json.dumps(plan_json(gated.path, plans, refusals), indent=2))
+        raise typer.Exit(PROBLEMS_FOUND if refusals else 0)
     console = _console()
     for host_plan in plans:
         show_host_plan(console, host_plan)
-    for problem in problems:
-        console.print(f"[bold red]{problem.kind}:[/] {escape(problem.message)}")
-    if problems:
+    for refusal in refusals:
+        console.print(f"[bold red]{refusal.label}:[/] {escape(refusal.text)}")
+    if refusals:
         raise typer.Exit(PROBLEMS_FOUND)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, find_spec_or_exit, load_spec_or_exit, select_or_exit
+from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, gate_or_exit
 
 app = typer.Typer()
 
@@ -33,9 +33,9 @@ def trust(
         trust_problem,
     )
 
-    spec = find_spec_or_exit(spec)
-    loaded = load_spec_or_exit(spec)
-    chosen = select_or_exit(loaded, hosts)
+    # keys are trusted whatever the hosts' GPUs and drivers: the spec's own checks, no preflight
+    gated = gate_or_exit(spec, hosts, preflight=False)
+    spec, chosen = gated.path, gated.hosts
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec, host.name)) for host in chosen])
     failed = False

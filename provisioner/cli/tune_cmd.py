@@ -16,8 +16,7 @@ from provisioner.cli.common import (
     SpecOption,
     exit_on_write_error,
     exit_with,
-    find_spec_or_exit,
-    load_spec_or_exit,
+    gate_or_exit,
 )
 
 app = typer.Typer()
@@ -56,6 +55,7 @@ def tune(
     from provisioner.remote import RemoteError
     from provisioner.secrets import redact
     from provisioner.spec import SpecError
+    from provisioner.spec.wording import printable
     from provisioner.tune.measure import replay
     from provisioner.tune.search import Budget
     from provisioner.tune.slo import parse_slo
@@ -64,7 +64,7 @@ def tune(
     console = make_console()
 
     def fail(code: int, message: str) -> NoReturn:
-        console.print(f"[bold red]error:[/] {escape(redact(message))}")
+        console.print(f"[bold red]error:[/] {escape(printable(redact(message)))}")
         exit_with(code)
 
     try:  # every input checked before any host is touched
@@ -73,8 +73,8 @@ def tune(
         overrides = {sweep.flag: sweep.values for sweep in map(parse_sweep, space or [])}
     except ValueError as error:
         fail(USAGE_ERROR, str(error))
-    spec_path = find_spec_or_exit(spec)
-    loaded = load_spec_or_exit(spec_path)
+    gated = gate_or_exit(spec)
+    spec_path, loaded = gated.path, gated.spec
     try:
         target = bench_target(loaded, instance, vllm)
         version = loaded.host(target.instance.host).vllm.version
@@ -97,7 +97,8 @@ def tune(
                                        vllm)
     except SpecError as error:
         for problem in error.problems:
-            console.print(f"[bold red]{escape(problem.path)}:[/] {escape(redact(problem.message))}")
+            console.print(f"[bold red]{escape(printable(problem.path))}:[/] "
+                          f"{escape(printable(redact(problem.message)))}")
         console.print("nothing was changed on the host")
         exit_with(PROBLEMS_FOUND)
     except (BenchError, RemoteError, ResultError, ValueError) as error:

@@ -23,6 +23,8 @@ from provisioner.spec.monitoring_checks import monitoring_problems
 from provisioner.spec.models import GROUP_OPTIONS, Host, Instance, is_int
 from provisioner.spec.multinode_checks import multinode_problems
 from provisioner.spec.parts import SpecParts, keyed_problems, present
+from provisioner.spec.port_checks import port_problems
+from provisioner.spec.secret_checks import inline_secret_problem, secret_source_problems
 from provisioner.spec.text_checks import text_problems
 from provisioner.spec.wording import fmt_number
 from provisioner.vllm import flags
@@ -42,7 +44,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     for index, host in present(parts.hosts):
         problems += _host_problems(index, host)
     problems += _duplicate_instance_names(parts.instances)
-    problems += _duplicate_ports(parts.instances)
+    problems += port_problems(parts)
     problems += _unknown_hosts(parts.instances, parts.host_names)
     problems += _gpu_reference_problems(parts)
     problems += _share_problems(parts)
@@ -67,6 +69,7 @@ def consistency_problems(parts: SpecParts, check_files: bool = True) -> list[Pro
     problems += monitoring_problems(parts)
     if check_files:
         problems += _missing_files(parts)
+        problems += secret_source_problems(parts)
     return problems
 
 
@@ -217,19 +220,6 @@ def _duplicate_instance_names(instances: list[Instance | None]) -> list[Problem]
             "unique across the spec (they name the systemd unit)",
         )
         for index, instance, first, _ in _first_seen([(i, inst.name, inst) for i, inst in present(instances)])
-    ]
-
-
-def _duplicate_ports(instances: list[Instance | None]) -> list[Problem]:
-    return [
-        Problem(
-            f"instances[{index}].port",
-            f"port {instance.port} on host {instance.host} is already used by instance '{other.name}' "
-            f"(instances[{first}]) — give each instance on a host its own port",
-        )
-        for index, instance, first, other in _first_seen(
-            [(i, (inst.host, inst.port), inst) for i, inst in present(instances)]
-        )
     ]
 
 
@@ -531,7 +521,7 @@ def _env_problem(name: str, value: str) -> str | None:
         return f"{name} is managed — remove it; {MANAGED_ENV[name]}"
     if not ENV_NAME_RE.match(name):
         return f"'{name}' is not a valid environment variable name"
-    return None
+    return inline_secret_problem(name, value)
 
 
 def _missing_files(parts: SpecParts) -> list[Problem]:
@@ -545,6 +535,11 @@ def _missing_files(parts: SpecParts) -> list[Problem]:
         (f"instances[{index}].api_key_file", instance.api_key_file, "the API key (its content becomes VLLM_API_KEY)")
         for index, instance in present(parts.instances)
         if instance.api_key_file
+    ]
+    named += [
+        (f"instances[{index}].env.{name}.file", source.file, f"the value of {name}")
+        for index, instance in present(parts.instances)
+        for name, source in instance.secret_env.items() if source.file
     ]
     named += [
         (f"instances[{index}].container.image_archive", instance.container.image_archive,

@@ -1,4 +1,4 @@
-"""Pass 2 for `gateways:`: names, hosts, ports, the served names each routes, replicas it can reach, and
+"""Pass 2 for `gateways:`: names, hosts, the served names each routes, replicas it can reach, and
 one API key per route (the gateway passes the client's Authorization header through to any replica)."""
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ def gateway_problems(parts: SpecParts, check_files: bool = True) -> list[Problem
         problems += _model_problems(index, gateway, parts)
         if check_files and gateway.tls_certificate:
             problems += _certificate_problems(index, gateway.tls_certificate)
-    problems += _port_problems(gateways, parts)
     problems += _reach_problems(gateways, parts)
     if check_files:
         problems += _key_problems(gateways, parts)
@@ -84,22 +83,6 @@ def _certificate_problems(index: int, path: str) -> list[Problem]:
     if Path(path).stat().st_size == 0:
         return [Problem(where, f"{path} is empty — put {what} in it")]
     return []
-
-
-def _port_problems(gateways: list[tuple[int, Gateway]], parts: SpecParts) -> list[Problem]:
-    problems = []
-    taken: dict[tuple[str, int], str] = {
-        (instance.host, instance.port): f"instance '{instance.name}' (instances[{index}]) — give the gateway another port"
-        for index, instance in present(parts.instances)
-    }
-    for index, gateway in gateways:
-        key = (gateway.host, gateway.port)
-        if key in taken:
-            problems.append(Problem(f"gateways[{index}].port",
-                                    f"port {gateway.port} on host {gateway.host} is already used by {taken[key]}"))
-        else:
-            taken[key] = (f"gateway '{gateway.name}' (gateways[{index}]) — give each gateway on a host its own port")
-    return problems
 
 
 def _reach_problems(gateways: list[tuple[int, Gateway]], parts: SpecParts) -> list[Problem]:

@@ -9,13 +9,14 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from provisioner.spec.errors import Problem
-from provisioner.spec.models import GpuPolicy, GpuSettings, Host, HostDefaults, HostGroup, Spec
+from provisioner.spec.models import ENV_VALUE_TAGS, GpuPolicy, GpuSettings, Host, HostDefaults, HostGroup, Spec
 from provisioner.spec.wording import show
 
 
 def shape_problems(error: ValidationError) -> list[Problem]:
     """Pydantic's errors, rephrased for people who edit YAML."""
-    return [Problem(path_of(detail["loc"]), _rephrase(detail)) for detail in error.errors()]
+    return [Problem(path_of(tuple(part for part in detail["loc"] if part not in ENV_VALUE_TAGS)), _rephrase(detail))
+            for detail in error.errors()]
 
 
 def path_of(loc: tuple) -> str:

@@ -11,13 +11,15 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
+from pydantic import Tag as UnionTag
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
     ValidationInfo,
@@ -461,6 +463,30 @@ class MultiNode(_Model):
 GROUP_OPTIONS = ("nnodes", "node-rank", "master-addr", "master-port", "headless")
 
 
+class SecretValue(_Model):
+    """A secret, declared: where the controller reads it at run time (never its value in the spec). Only the
+    instance's 0600 env file on the host holds it; the inventory holds where it comes from."""
+
+    file: SpecPath | None = Field(None, description="a file on the controller (relative to the spec) whose content, "
+                                  "trailing whitespace off, is the value")
+    env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                            description="an environment variable of the controller (read by plan, apply and audit)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretValue:
+        if (self.file is None) == (self.env is None):
+            raise _invalid("secret_source", "give one of file: or env: — e.g. {file: secrets/db.pass} or {env: DB_PASS}")
+        return self
+
+
+# an env value: a string, or a mapping that declares a secret (the tags name the branch, never shown in a path)
+ENV_VALUE_TAGS = ("(string)", "(secret)")
+EnvValue = Annotated[
+    Union[Annotated[str, UnionTag(ENV_VALUE_TAGS[0])], Annotated[SecretValue, UnionTag(ENV_VALUE_TAGS[1])]],  # noqa: UP007
+    Discriminator(lambda value: ENV_VALUE_TAGS[isinstance(value, (dict, SecretValue))]),
+]
+
+
 class Instance(_Model):
     """One `vllm serve` process, run as the systemd unit vllm-<name>.service, or in a container."""
 
@@ -481,7 +507,9 @@ class Instance(_Model):
     options: dict[str, Any] = Field(
         default_factory=dict, description="other `vllm serve` flags: long names without --, e.g. {max-model-len: 4096}"
     )
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables (strings)")
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict, description="extra environment variables: a string, or a secret declared as "
+                                          "{file: PATH} or {env: NAME} (it goes into the 0600 env file only)")
     api_key_file: SpecPath | None = Field(
         None, description="file (relative to the spec) whose content becomes VLLM_API_KEY; null: no key"
     )
@@ -534,9 +562,16 @@ class Instance(_Model):
 
     @property
     def serve_env(self) -> dict[str, str]:
-        """The environment the instance runs with: its profile's, overridden by its own env, and the NCCL
-        settings of its multinode section."""
-        return {**profile_env(self.profile), **self.env, **nccl_env(self.multinode.nccl if self.multinode else None)}
+        """The environment the instance's unit sets: its profile's, overridden by its own env, and the NCCL
+        settings of its multinode section; not its secrets (`secret_env`)."""
+        plain = {name: value for name, value in self.env.items() if isinstance(value, str)}
+        served = {**profile_env(self.profile), **plain, **nccl_env(self.multinode.nccl if self.multinode else None)}
+        return {name: value for name, value in served.items() if name not in self.secret_env}
+
+    @property
+    def secret_env(self) -> dict[str, SecretValue]:
+        """The environment variables the spec declares secret (their values are read on the controller)."""
+        return {name: value for name, value in self.env.items() if isinstance(value, SecretValue)}
 
 
 def nccl_env(nccl: Nccl | None) -> dict[str, str]:

@@ -30,7 +30,7 @@ def multinode_problems(parts: SpecParts) -> list[Problem]:
         problems += _nccl_env_problems(where, instance)
         problems += _follower_problems(where, instance, hosts, parts.host_names)
         if instance.host in hosts:
-            problems += _rendezvous_problems(where, instance, hosts[instance.host][1], parts)
+            problems += _rendezvous_problems(where, instance, hosts[instance.host][1])
     return problems
 
 
@@ -94,7 +94,7 @@ def _follower_problems(where: str, instance: Instance, hosts: dict[str, tuple[in
     return problems
 
 
-def _rendezvous_problems(where: str, instance: Instance, leader: Host, parts: SpecParts) -> list[Problem]:
+def _rendezvous_problems(where: str, instance: Instance, leader: Host) -> list[Problem]:
     multinode = instance.multinode
     address = multinode.master_addr or leader.address
     at = f"{where}.multinode.master_addr"
@@ -103,15 +103,6 @@ def _rendezvous_problems(where: str, instance: Instance, leader: Host, parts: Sp
         given = "" if multinode.master_addr else f" (the leader {leader.name}'s address: set master_addr)"
         problems.append(Problem(at, f"the followers cannot reach the rendezvous at {address}{given} — give an "
                                 f"address of host {leader.name} they reach (e.g. its address on the nodes' network)"))
-    port = multinode.master_port
-    taken = [f"instance '{other.name}'" for _, other in present(parts.instances)
-             if other.host == leader.name and other.port == port]
-    taken += [f"gateway '{gateway.name}'" for _, gateway in present(parts.gateways)
-              if gateway.host == leader.name and gateway.port == port]
-    if taken:
-        problems.append(Problem(f"{where}.multinode.master_port", f"port {port} on host {leader.name} is "
-                                f"{' and '.join(taken)}'s — give the rendezvous a port of its own (vLLM's default: "
-                                "29501)"))
     return problems
 
 

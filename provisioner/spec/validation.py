@@ -15,6 +15,7 @@ from provisioner.spec.loading import decode_spec, parse_yaml
 from provisioner.spec.messages import shape_problems, spec_order
 from provisioner.spec.models import Spec
 from provisioner.spec.parts import parts_of, salvage, without_hosts
+from provisioner.spec.secret_checks import declare_secrets
 from provisioner.spec.wording import show
 
 
@@ -52,6 +53,7 @@ def validate_spec(data: Any, base_dir: str | Path = ".", check_files: bool = Tru
     else:
         problems = []
         parts = parts_of(spec)
+        declare_secrets(spec)  # redacted by value in every output from now on, this validation's errors too
     problems += consistency_problems(without_hosts(parts, resolution.unresolved), check_files=check_files)
     problems = relocated(problems, resolution.origins)
     if problems:

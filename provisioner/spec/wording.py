@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -30,3 +31,13 @@ def show(value: Any) -> str:
 def fmt_number(value: float) -> str:
     """0.9500000001 → '0.95', 1.0 → '1'"""
     return f"{round(value, 4):g}"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """`text` with each control character shown escaped (a line break as \\n, ESC as \\x1b): a value written in
+    the spec, echoed in a message, prints on the message's own line and moves no terminal's cursor."""
+    return _CONTROL.sub(lambda match: _NAMED_ESCAPES.get(match[0], f"\\x{ord(match[0]):02x}"), text)

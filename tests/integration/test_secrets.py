@@ -1,11 +1,12 @@
 """No secret appears in any output: plan, apply (--check --diff, first and second run), audit (spec and
 profile mode: table, JSON, JUnit) and bench (its output and its result files), against one real test host.
 
-Distinct secrets are planted everywhere one can be: the spec's api_key_file and an instance env
-HF_TOKEN (the instance apply builds), and, on the same host, two vLLM servers we did not build, as
+Distinct secrets are planted everywhere one can be: the spec's api_key_file and two env secrets it
+declares (HF_TOKEN from a file, DB_CONN, a name no rule finds secret, from the controller's environment) of
+the instance apply builds, and, on the same host, two vLLM servers we did not build, as
 profile mode finds them: a unit started with `--api-key K1 "K2"` (vLLM takes one or more keys),
 `Environment=VLLM_API_KEY=K3` and an EnvironmentFile with HF_TOKEN, and a unit running
-`bash -c '… --api-key=K4'`. Every output is captured and searched for each secret (also with its
+`bash -c '… --api-key=K4'`. Every output is captured, and every file `provision inventory` writes, and searched for each secret (also with its
 whitespace and table borders taken out: a wrapped cell must not hide one); each output must also show
 the thing itself with `<redacted>` in the key's place, so the test cannot pass by printing nothing.
 """
@@ -33,12 +34,14 @@ R = "<redacted>"
 SECRETS = {
     "api_key_file": "sk-spec-keyfile-1111",
     "spec env HF_TOKEN": "hf-spec-env-2222",
+    "spec env DB_CONN": "db-spec-controller-env-8888",
     "--api-key first": "sk-profile-first-3333",
     "--api-key second (quoted)": "sk-profile-second-4444",
     "Environment=VLLM_API_KEY": "sk-profile-env-5555",
     "bash -c --api-key=": "sk-profile-bash-6666",
     "EnvironmentFile HF_TOKEN": "hf-profile-envfile-7777",
 }
+DB_CONN_VARIABLE = "VP_LAB_SECRETS_DB_CONN"  # the controller's environment variable DB_CONN is declared from
 MODEL = "facebook/opt-125m"
 HAND_UNIT = f"""\
 [Unit]
@@ -67,7 +70,8 @@ WantedBy=multi-user.target
 def run(*args, timeout: int = 900) -> subprocess.CompletedProcess:
     started = time.monotonic()
     result = subprocess.run([*PROVISION, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "COLUMNS": "320"})  # one table row a line: the checks below read it
+                            # one table row a line: the checks below read it
+                            env={**os.environ, "COLUMNS": "320", DB_CONN_VARIABLE: SECRETS["spec env DB_CONN"]})
     print(f"provision {args[0]}: {time.monotonic() - started:.1f} s")
     return result
 
@@ -81,17 +85,27 @@ def outputs(lab, tmp_path_factory):
     folder = tmp_path_factory.mktemp("secrets")
     key_file = folder / "chat.key"
     key_file.write_text(SECRETS["api_key_file"] + "\n")
+    (folder / "hf_token").write_text(SECRETS["spec env HF_TOKEN"] + "\n")
     install_standin(host)
+    env = {"HF_TOKEN": {"file": str(folder / "hf_token")}, "DB_CONN": {"env": DB_CONN_VARIABLE}}
     spec = write_spec(folder / "spec.yml", [host_entry(host)], [instance_entry(
-        host, "chat", 8000, share=0.9, api_key_file=str(key_file), env={"HF_TOKEN": SECRETS["spec env HF_TOKEN"]},
+        host, "chat", 8000, share=0.9, api_key_file=str(key_file), env=env,
         options={"max-model-len": 4096, "max-num-seqs": 4, "tokenizer": str(tokenizer)})])
     captured: dict[str, subprocess.CompletedProcess] = {}
     files: dict[str, Path] = {}
     try:
         captured["plan"] = run("plan", "--spec", spec)
+        captured["plan --json"] = run("plan", "--json", "--spec", spec)
+        captured["inventory"] = run("inventory", "--spec", spec, "-o", folder / "inventory")
+        files.update({f"inventory {path.relative_to(folder)}": path for path in sorted((folder / "inventory").rglob("*"))
+                      if path.is_file()})
         captured["apply --check --diff"] = run("apply", "--spec", spec, "--check", "--diff")
         captured["apply"] = run("apply", "--spec", spec)
         captured["apply again"] = run("apply", "--spec", spec, "--diff")
+        captured["host env file"] = host.ssh("stat -c '%a %U:%G' /etc/vllm/chat.env; "
+                                             "tr '\\0' '\\n' < /proc/$(systemctl show vllm-chat -p MainPID --value)/environ"
+                                             " | grep -E '^(HF_TOKEN|DB_CONN)=' | sort", check=False)
+        captured["host unit"] = host.ssh("cat /etc/systemd/system/vllm-chat.service", check=False)
         plant_servers(host, folder)
         files.update({"spec audit JSON": folder / "spec.json", "spec audit JUnit": folder / "spec.xml"})
         captured["spec audit"] = run("audit", "spec", "--spec", spec, "--all", "--json", files["spec audit JSON"],
@@ -100,6 +114,10 @@ def outputs(lab, tmp_path_factory):
         captured["profile audit"] = run("audit", "host", f"ssh://root@{host.address}", "--key", host.ssh_key,
                                         "--known-hosts", host.known_hosts, "--all", "--json", files["profile audit JSON"],
                                         "--junit", files["profile audit JUnit"], timeout=300)
+        plant_exposed_dropin(host, folder)
+        files["exposed audit JSON"] = folder / "exposed.json"
+        captured["spec audit, a secret in a world-readable drop-in"] = run(
+            "audit", "spec", "--spec", spec, "--all", "--json", files["exposed audit JSON"], timeout=300)
         results = folder / "bench-results"
         captured["bench"] = run("bench", "run", "chat", "--spec", spec, "--vllm", f"{venv}/bin/vllm", "--results", results,
                                 "--load", "smoke", "--repeats", "1", "--no-floor", "--baseline", "b", timeout=1200)
@@ -124,6 +142,17 @@ def plant_servers(host, folder: Path) -> None:
              " exit 1")
 
 
+EXPOSED_DROPIN = "/etc/systemd/system/vllm-chat.service.d/50-db.conf"
+
+
+def plant_exposed_dropin(host, folder: Path) -> None:
+    """A drop-in of the unit apply wrote, 0644, setting DB_CONN to the spec's declared value (by a name no rule
+    finds secret): what someone does by hand to "fix" an environment."""
+    (folder / "50-db.conf").write_text(f"[Service]\nEnvironment=DB_CONN={SECRETS['spec env DB_CONN']}\n")
+    host.put(folder / "50-db.conf", EXPOSED_DROPIN, mode="0644")
+    host.ssh("systemctl daemon-reload")
+
+
 def squashed(text: str) -> str:
     """The text without whitespace and table borders: a secret wrapped over two lines of a cell joins up."""
     return re.sub(r"[\s│┃║|─━┆]+", "", text)
@@ -131,9 +160,11 @@ def squashed(text: str) -> str:
 
 def test_no_output_holds_a_secret(outputs):
     captured, files = outputs
-    texts = {f"{name} stdout": result.stdout for name, result in captured.items()}
-    texts |= {f"{name} stderr": result.stderr for name, result in captured.items()}
+    on_host = ("host env file",)  # read from the host by the test itself, to see the secrets arrived
+    texts = {f"{name} stdout": result.stdout for name, result in captured.items() if name not in on_host}
+    texts |= {f"{name} stderr": result.stderr for name, result in captured.items() if name not in on_host}
     texts |= files
+    assert any(name.startswith("inventory inventory/host_vars/") for name in files)
     assert {"bench runset.json", "bench summary.json", "bench runs/c1-r1.json"} <= set(files)
     leaks = [(where, what) for where, text in texts.items() for what, secret in SECRETS.items()
              if secret in text or secret in squashed(text)]
@@ -145,11 +176,37 @@ def test_plan_and_apply_show_what_they_do_with_the_keys_redacted(outputs):
     for name in ("plan", "apply --check --diff", "apply", "apply again"):
         assert captured[name].returncode == 0, (name, captured[name].stdout + captured[name].stderr)
     plan = captured["plan"].stdout
-    assert f"Environment=HF_TOKEN={R}" in plan  # the unit file as it will be written
+    assert "Environment=HF_TOKEN" not in plan and "Environment=DB_CONN" not in plan  # the unit holds no secret
     assert re.search(r"VLLM_API_KEY=<redacted: 20 bytes from \S+chat.key>", plan)  # the env file
+    assert re.search(r"HF_TOKEN=<redacted: 16 bytes from \S+hf_token>", plan)
+    assert f"DB_CONN=<redacted: from the controller's ${DB_CONN_VARIABLE}>" in plan
     # the diff of the unit file that would be written: every other line as it is
     check = captured["apply --check --diff"].stdout
-    assert f"+Environment=HF_TOKEN={R}" in check and "+Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in check
+    assert "+Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in check and "HF_TOKEN" not in check.split("chat.env")[0]
+
+
+def test_the_secrets_reach_the_server_through_the_0600_env_file_alone(outputs):
+    """Role vllm_service read them on the controller (Ansible's file and env lookups) into the env file."""
+    captured, _ = outputs
+    assert captured["host env file"].stdout.splitlines() == [
+        "600 root:root", f"DB_CONN={SECRETS['spec env DB_CONN']}", f"HF_TOKEN={SECRETS['spec env HF_TOKEN']}"]
+    assert "HF_TOKEN" not in captured["host unit"].stdout and "DB_CONN" not in captured["host unit"].stdout
+
+
+def test_the_inventory_holds_where_the_secrets_come_from_for_its_owner_alone(outputs):
+    captured, files = outputs
+    assert captured["inventory"].returncode == 0, captured["inventory"].stderr
+    (host_vars,) = [text for name, text in files.items() if name.startswith("inventory inventory/host_vars/")]
+    assert "HF_TOKEN:\n        file: " in host_vars and f"DB_CONN:\n        env: {DB_CONN_VARIABLE}" in host_vars
+
+
+def test_the_audit_fails_a_world_readable_dropin_holding_a_declared_secret(outputs):
+    captured, files = outputs
+    result = captured["spec audit, a secret in a world-readable drop-in"]
+    assert result.returncode == 1, result.stdout
+    row = checks_of(files["exposed audit JSON"])["secrets readable by others"]
+    assert (row["actual"], row["status"]) == (f"{EXPOSED_DROPIN} (0644) holds a secret", "failed")
+    assert checks_of(files["spec audit JSON"])["secrets readable by others"]["status"] == "passed"
 
 
 def checks_of(report: str) -> dict[str, dict]:
@@ -157,15 +214,14 @@ def checks_of(report: str) -> dict[str, dict]:
     return {check["check"]: check for check in host["checks"]}
 
 
-def test_the_spec_audit_compares_the_secret_environment_but_shows_it_redacted(outputs):
+def test_the_spec_audit_compares_the_env_file_with_the_secrets_by_hash(outputs):
     captured, files = outputs
     assert captured["spec audit"].returncode == 0, captured["spec audit"].stdout
     checks = checks_of(files["spec audit JSON"])
-    hf_token = checks["vllm-chat.service: Environment HF_TOKEN"]
-    assert (hf_token["expected"], hf_token["actual"], hf_token["status"]) == (R, R, "passed")
-    assert checks["vllm-chat.service: EnvironmentFile content"]["status"] == "passed"  # the key file's hash
+    # the env file's hash: the key and both declared secrets, as the plan renders them with their real values
+    assert checks["vllm-chat.service: EnvironmentFile content"]["status"] == "passed"
+    assert checks["vllm-chat.service: EnvironmentFile mode"]["status"] == "passed"
     assert checks["vllm-chat.service: ready (one request served)"]["status"] == "passed"  # with the key
-    assert "vllm-chat.service: Environment HF_TOKEN" in captured["spec audit"].stdout
 
 
 def test_the_profile_audit_shows_each_command_line_with_its_keys_redacted(outputs):

@@ -24,7 +24,7 @@ def invalid_spec(tmp_path):
 
 
 INVALID_SPEC_PROBLEMS = [
-    "instances[1].port: port 8000 on host ws4070 is already used by instance 'chat' (instances[0]) "
+    "instances[1].port: port 8000 on host ws4070 is already used by instance 'chat' (instances[0].port) "
     "— give each instance on a host its own port",
     "instances[1].gpu_memory_utilization: shares on GPU 0 of host ws4070 add up to 1.2 (limit 0.95) "
     "— lower gpu_memory_utilization of chat (0.6), embed (0.6) so they add up to at most 0.95",
@@ -90,9 +90,11 @@ def test_inventory_writes_the_files(tmp_path):
 
 
 def test_inventory_reports_removed_host_vars(tmp_path):
-    two = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})]))
+    fits = [instance("chat", 8000, options={"max-model-len": 4096})]  # the gate refuses one that does not
+    two = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(), host("ws3090", "192.0.2.10", gpus={})],
+                                                      instances=fits))
     assert invoke("inventory", "--spec", two, "-o", tmp_path / "inv").exit_code == 0
-    write_spec(two, spec_data())
+    write_spec(two, spec_data(instances=fits))
     result = invoke("inventory", "--spec", two, "-o", tmp_path / "inv")
     assert result.exit_code == 0
     assert f"removed {tmp_path / 'inv' / 'host_vars' / 'ws3090.yml'} (host no longer in the spec)" in result.output

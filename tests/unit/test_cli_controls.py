@@ -383,7 +383,8 @@ def test_plan_json_of_a_plan_that_does_not_fit_exits_1_with_the_problem(tmp_path
     result = invoke("plan", "--json", "--spec", spec)
     assert result.exit_code == 1
     problems = json.loads(result.output)["problems"]
-    assert problems and problems[0].startswith("ws4070 GPU 0: chat")
+    assert problems and problems[0]["message"].startswith("ws4070 GPU 0: chat")
+    assert problems[0]["field"] == "hosts[0].gpus.devices[0]" and problems[0]["fix"]
 
 
 def test_run_logs_go_under_xdg_state_home(tmp_path):

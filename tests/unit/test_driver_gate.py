@@ -162,7 +162,8 @@ def test_plan_refuses_a_declared_driver_too_old_and_says_why(tmp_path):
     assert "driver 550.163.01 (driver.version) — vLLM 0.25.0 (CUDA 13.0) needs ≥ 580" in lines
     assert lines[-1] == f"driver: {TOO_OLD_DECLARED}"
     planned = json.loads(invoke("plan", "--json", "--spec", spec).output)
-    assert planned["problems"] == [TOO_OLD_DECLARED]
+    assert [(problem["field"], f"{problem['message']} — {problem['fix']}") for problem in planned["problems"]] == [
+        ("hosts[0].driver.version", TOO_OLD_DECLARED)]
 
 
 def test_plan_of_the_examples_passes_and_notes_the_read(tmp_path):
@@ -226,7 +227,7 @@ def test_apply_reads_an_undeclared_driver_and_refuses_one_too_old_before_the_pla
     assert refused.value.problems == [GateProblem("driver", (
         'ws4070: driver 550.163.01 (read from the host: nvidia-smi) is too old for vLLM 0.25.0 (CUDA 13.0), which '
         'needs driver ≥ 580 — install a driver of branch 580 or later, or let apply do it: driver: {source: nvidia, '
-        f'branch: "580"}} ({DEBIAN}), {CU129}'))]
+        f'branch: "580"}} ({DEBIAN}), {CU129}'), "hosts[0].driver")]
     assert [(task.host, task.task, task.status, task.notes) for task in said] == [
         ("ws4070", "read the NVIDIA driver", "ok",
          ["driver 550.163.01 (read from the host: nvidia-smi) — vLLM 0.25.0 (CUDA 13.0) needs ≥ 580"])]

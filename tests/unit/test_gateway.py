@@ -92,9 +92,9 @@ def test_port_clash_with_an_instance_and_with_another_gateway(tmp_path):
     data = gateway_spec(tmp_path, [{"name": "public", "host": "gpu-a", "port": 8000},
                                    {"name": "one", "host": "edge"}, {"name": "two", "host": "edge"}])
     assert problems_of(data, tmp_path) == [
-        "gateways[0].port: port 8000 on host gpu-a is already used by instance 'qwen-a' (instances[0]) — give the "
+        "gateways[0].port: port 8000 on host gpu-a is already used by instance 'qwen-a' (instances[0].port) — give the "
         "gateway another port",
-        "gateways[2].port: port 8080 on host edge is already used by gateway 'one' (gateways[1]) — give each "
+        "gateways[2].port: port 8080 on host edge is already used by gateway 'one' (gateways[1].port) — give each "
         "gateway on a host its own port"]
 
 

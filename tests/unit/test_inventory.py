@@ -62,6 +62,7 @@ def test_instance_entry_fields():
         "gpu_memory_utilization": 0.45,
         "options": {"block-size": 16, "max-num-seqs": 128},
         "env": {"HF_HUB_OFFLINE": "1"},
+        "secret_env": {},
         "api_key_file": None,
         "container": None,
     }

@@ -1,7 +1,7 @@
 """The package's import map points down: each module imports only from its own layer or the layers below.
 
 Top to bottom: the CLI; the tuner (over the bench); the commands' library (apply, audit, bench, the schema docs); the plan; the roles
-read as data, the memory plan and the preflight gate on it; the inventory, host selection and the remote layer (SSH);
+read as data, the memory plan, the preflight on it and the gate every command passes; the inventory, host selection and the remote layer (SSH);
 the spec; the vLLM and GPU libraries (below the spec: they know nothing of it); the pieces everything uses.
 """
 
@@ -19,7 +19,7 @@ LAYERS = [  # bottom first: a module's layer is the first entry that names it or
     ["provisioner.vllm", "provisioner.gpu"],
     ["provisioner.spec"],
     ["provisioner.selection", "provisioner.inventory", "provisioner.monitoring", "provisioner.dashboards", "provisioner.remote"],
-    ["provisioner.roles", "provisioner.memory_plan", "provisioner.preflight"],
+    ["provisioner.roles", "provisioner.memory_plan", "provisioner.preflight", "provisioner.gate"],
     ["provisioner.plan"],
     ["provisioner.apply", "provisioner.audit", "provisioner.bench", "provisioner.spec_docs"],
     ["provisioner.tune"],

@@ -152,7 +152,8 @@ def test_provision_monitoring_export_writes_the_files_role_prometheus_writes(tmp
                        **dashboard_files()}
     assert sorted(name for name in written if name.startswith("dashboards/")) == [
         "dashboards/vllm-provision-fleet.json", "dashboards/vllm-provision-instance.json"]
-    (tmp_path / "plain.yml").write_text(yaml.safe_dump(spec_data()))
+    fits = instance("chat", 8000, options={"max-model-len": 4096})  # the gate refuses one that does not fit
+    (tmp_path / "plain.yml").write_text(yaml.safe_dump(spec_data(instances=[fits])))
     refused = CliRunner().invoke(app, ["monitoring", "export", "--out", str(tmp_path / "none"),
                                        "--spec", str(tmp_path / "plain.yml")], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert refused.exit_code == 1

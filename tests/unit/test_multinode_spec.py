@@ -99,8 +99,8 @@ PROBLEMS = [
      "instances[0].multinode.master_addr: the followers cannot reach the rendezvous at 127.0.0.1 — give an address "
      "of host gpu-a they reach (e.g. its address on the nodes' network)"),
     ({"master_port": 8000},
-     "instances[0].multinode.master_port: port 8000 on host gpu-a is instance 'big''s — give the rendezvous a port "
-     "of its own (vLLM's default: 29501)"),
+     "instances[0].multinode.master_port: port 8000 on host gpu-a is already used by instance 'big' "
+     "(instances[0].port) — give the rendezvous a port of its own (vLLM's default: 29501)"),
     ({"followers": []},
      "instances[0].multinode.followers: needs at least 1 entry, got none"),
     ({"master_port": 0},

@@ -7,12 +7,16 @@ in-process, so it stays fast. This is what makes `provision plan` trustworthy.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 
+from provisioner.audit.expectations import env_file_sha256
 from provisioner.paths import EXAMPLES_DIR, ROLES_DIR
 from provisioner.plan import build_plan
 from provisioner.roles import UNIT_TEMPLATES, host_variables
@@ -80,3 +84,26 @@ def test_nasty_values_render_as_ansible_renders_them():
                                   ("vllm-instance.yaml.j2", unit.config_file.content)):
             assert ansible_render(ROLES_DIR / "vllm_service/templates" / template, unit_variables) == planned, \
                 (template, entry["name"])
+
+
+def test_the_roles_lookups_write_the_declared_secrets_the_audit_expects(tmp_path, monkeypatch):
+    """Role vllm_service's `_vllm_service_secret_env` (vars/main.yml), rendered by Ansible from the inventory's
+    `secret_env` (a file, the controller's environment), fills the env file with the values the audit hashes."""
+    (tmp_path / "db_conn").write_text("db-conn-value-4e2\n")
+    monkeypatch.setenv("VP_TEST_ROLE_PAT", "pat-value-9a7")
+    env = {"DB_CONN": {"file": "db_conn"}, "GITHUB_PAT": {"env": "VP_TEST_ROLE_PAT"}}
+    spec = validate_spec(spec_data(instances=[instance("chat", 8000, env=env)]), base_dir=tmp_path)
+    host = spec.hosts[0]
+    variables = host_variables(host, spec.instances_on(host.name))
+    entry = variables["vllm_service_instances"][0]
+    init_plugin_loader()  # the lookups are plugins
+    role_vars = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())
+    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": "",
+                      "_vllm_service_secret_sources": trust_as_template(role_vars["_vllm_service_secret_sources"])}
+    secret_env = Templar(loader=DataLoader(), variables=unit_variables).template(
+        trust_as_template(role_vars["_vllm_service_secret_env"]))
+    assert secret_env == {"DB_CONN": "db-conn-value-4e2", "GITHUB_PAT": "pat-value-9a7"}
+    rendered = ansible_render(ROLES_DIR / "vllm_service/templates/vllm-instance.env.j2",
+                              {**unit_variables, "vllm_service_secret_env": secret_env})
+    assert rendered.splitlines()[-2:] == ["DB_CONN=db-conn-value-4e2", "GITHUB_PAT=pat-value-9a7"]
+    assert hashlib.sha256(rendered.encode()).hexdigest() == env_file_sha256(variables, entry)

@@ -80,7 +80,7 @@ def test_duplicate_instance_names_across_hosts():
 def test_duplicate_ports_on_one_host():
     data = spec_data(instances=[instance("embed", 8000), instance("chat", 8000)])
     assert problems_of(data) == [
-        "instances[1].port: port 8000 on host ws4070 is already used by instance 'embed' (instances[0]) "
+        "instances[1].port: port 8000 on host ws4070 is already used by instance 'embed' (instances[0].port) "
         "— give each instance on a host its own port"
     ]
 

@@ -248,7 +248,8 @@ instances:
     options:
       max-model-len: 4096  # long enough
       max-num-seqs: 8
-  - {name: side, host: gpu1, model: Qwen/Qwen3-1.7B, gpus: [0], port: 8001, gpu_memory_utilization: 0.3}
+  - {name: side, host: gpu1, model: Qwen/Qwen3-1.7B, gpus: [0], port: 8001, gpu_memory_utilization: 0.3,
+     options: {max-model-len: 4096}}
 """
 
 
@@ -263,7 +264,7 @@ def test_write_puts_the_winner_into_the_instance_options_with_a_comment_and_the_
         "    options:\n      max-model-len: 4096  # long enough\n      max-num-seqs: 64\n"
         "      no-async-scheduling: true\n")
     assert spec.instances[0].options == {"max-model-len": 4096, "max-num-seqs": 64, "no-async-scheduling": True}
-    assert load_spec(path).instances[1].options == {}
+    assert load_spec(path).instances[1].options == {"max-model-len": 4096}
 
 
 def test_write_into_a_flow_style_instance_and_again_replaces_the_comment(tmp_path):
@@ -273,7 +274,8 @@ def test_write_into_a_flow_style_instance_and_again_replaces_the_comment(tmp_pat
     write_winner(path, "side", {"max-num-seqs": 32}, "second")
     text = path.read_text()
     assert text.endswith("  # provision tune second\n  - {name: side, host: gpu1, model: Qwen/Qwen3-1.7B, gpus: [0], port: 8001, "
-                         "gpu_memory_utilization: 0.3, options: {performance-mode: interactivity, max-num-seqs: 32}}\n")
+                         "gpu_memory_utilization: 0.3,\n     options: {max-model-len: 4096, performance-mode: "
+                         "interactivity, max-num-seqs: 32}}\n")
     assert "provision tune first" not in text
 
 

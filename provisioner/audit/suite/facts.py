@@ -82,6 +82,7 @@ class UnitFacts:
     config_text: str | None = None  # the expected --config file's content; None: absent
     ready: Output | None = None  # the readiness probe's verdict (exit 0: ready) and its line
     dropins: list[tuple[str, str]] = field(default_factory=list)  # (path, content) of each DropInPaths file, in order
+    dropin_modes: dict[str, str] = field(default_factory=dict)  # path → mode (0644) of each DropInPaths file
 
     @property
     def argv(self) -> list[str]:
@@ -286,6 +287,8 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
     # each drop-in systemd applies: its path, then its content in base64 (one line: no framing to escape)
     commands[f"dropins{index}"] = (
         f"for file in $(systemctl show {name} -p DropInPaths --value); do echo \"$file\"; base64 -w0 \"$file\" 2>/dev/null; echo; done")
+    commands[f"dropin_modes{index}"] = (
+        f"for file in $(systemctl show {name} -p DropInPaths --value); do stat -c '%a %n' \"$file\"; done")
     # one real request through the same probe the unit runs before it turns active
     commands[f"ready{index}"] = "true" if headless else (
         f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
@@ -469,7 +472,13 @@ def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
     http = out.get(f"http{index}")
     return UnitFacts(shown, environment, stat, sha256, http_answers(http.text) if http else {},
                      config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"),
-                     dropin_files(out.get(f"dropins{index}")))
+                     dropin_files(out.get(f"dropins{index}")), dropin_modes(out.get(f"dropin_modes{index}")))
+
+
+def dropin_modes(out: Output | None) -> dict[str, str]:
+    """{path: mode} of the drop-in modes command's lines (`644 /etc/systemd/system/x.service.d/y.conf`)."""
+    lines = out.text.splitlines() if out is not None else []
+    return {path: mode.zfill(4) for mode, _, path in (line.partition(" ") for line in lines) if path}
 
 
 def dropin_files(out: Output | None) -> list[tuple[str, str]]:

@@ -1,0 +1,99 @@
+"""Row `secrets readable by others` (provisioner/audit/suite/test_secret_files.py): a managed file or a drop-in
+of a vLLM unit that holds a secret (by the rules, or a value the spec declares, found by its digest) and that
+others may read fails, naming the file and its mode, never the secret."""
+
+from __future__ import annotations
+
+import base64
+import json
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+from provisioner.audit.checks import Audit, Case, Drift
+from provisioner.audit.expectations import spec_targets
+from provisioner.audit.suite.facts import Output, dropin_modes, host_commands, parse_unit
+from provisioner.paths import ROLES_DIR
+from provisioner.spec import load_spec
+from tests.unit.conftest import instance, spec_data, write_spec
+
+with warnings.catch_warnings():  # the suite's marker is registered in its own pytest.ini, not here
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    from provisioner.audit.suite import test_secret_files as checks
+
+DECLARED = "conn-planted-value-81d2"  # declared under a name no rule finds secret
+DROPIN = "/etc/systemd/system/vllm-chat.service.d/override.conf"
+
+
+class FakeItem:
+    def __init__(self):
+        self.user_properties = []
+
+
+def row(target: dict, facts) -> tuple[str, str, str, str]:
+    item = FakeItem()
+    try:
+        checks.test_secrets_readable_by_others(case=Case("ws4070", target), facts=facts, audit=Audit(item))
+        status = "passed"
+    except Drift:
+        status = "failed"
+    recorded = dict(item.user_properties)
+    return recorded["check"], recorded["expected"], recorded["actual"], status
+
+
+def facts_with(dropin: str = "", mode: str = "644", managed: dict | None = None):
+    outputs = {"unit0": Output("LoadState=loaded\n", 0), "unit_env0": Output("", 1),
+               "dropins0": Output(f"{DROPIN}\n{base64.b64encode(dropin.encode()).decode()}\n" if dropin else "", 0),
+               "dropin_modes0": Output(f"{mode} {DROPIN}\n" if dropin else "", 0)}
+    return SimpleNamespace(units={"vllm-chat.service": parse_unit(0, outputs)}, managed_files=managed or {})
+
+
+@pytest.fixture
+def target(tmp_path, monkeypatch):
+    """A spec target whose instance declares DB_CONN from the controller's environment."""
+    monkeypatch.setenv("VP_TEST_AUDIT_CONN", DECLARED)
+    data = spec_data(instances=[instance("chat", 8000, env={"DB_CONN": {"env": "VP_TEST_AUDIT_CONN"}},
+                                         options={"max-model-len": 4096})])
+    (found,) = spec_targets(load_spec(write_spec(tmp_path / "provision.yml", data)))
+    return found.expected
+
+
+def test_a_world_readable_dropin_holding_a_secret_fails_naming_file_and_mode(target):
+    assert row(target, facts_with("[Service]\nEnvironment=HF_TOKEN=hf-in-a-dropin-77\n")) == (
+        "secrets readable by others", "none (a file that holds a secret is for its owner alone: 0600)",
+        f"{DROPIN} (0644) holds a secret", "failed")
+
+
+def test_a_declared_value_under_any_name_is_found_by_its_digest(target):
+    check, _, actual, status = row(target, facts_with(f"[Service]\nEnvironment=DB_CONN={DECLARED}\n"))
+    assert (actual, status) == (f"{DROPIN} (0644) holds a secret", "failed")
+    assert row({}, facts_with(f"[Service]\nEnvironment=DB_CONN={DECLARED}\n"))[3] == "passed"  # no digests: no secret
+
+
+def test_a_secret_for_its_owner_alone_and_a_dropin_without_one_pass(target):
+    assert row(target, facts_with("[Service]\nEnvironment=HF_TOKEN=hf-x-1\n", mode="600"))[2:] == ("none", "passed")
+    assert row(target, facts_with("[Service]\nEnvironment=HF_HUB_OFFLINE=1\n"))[2:] == ("none", "passed")
+
+
+def test_a_managed_file_readable_by_others_that_holds_a_secret_fails(target):
+    managed = {"/etc/vllm/chat.yaml": (("0644", "root:root"), f"model: m\napi-key: {DECLARED}x\n"),
+               "/etc/vllm/other.yaml": (("0600", "root:root"), "api-key: k-only-root\n")}
+    assert row(target, facts_with(managed=managed))[2:] == ("/etc/vllm/chat.yaml (0644) holds a secret", "failed")
+
+
+def test_the_suite_is_handed_digests_never_the_secrets_and_reads_the_dropins_modes(target):
+    assert DECLARED not in json.dumps(target)
+    assert target["secret_digests"] and all(len(digest) == 2 for digest in target["secret_digests"])
+    assert "dropin_modes0" in host_commands(target)
+    assert dropin_modes(Output(f"644 {DROPIN}\n600 /run/systemd/system/x.d/a b.conf\n", 0)) == {
+        DROPIN: "0644", "/run/systemd/system/x.d/a b.conf": "0600"}
+
+
+def test_a_program_is_searched_for_declared_secrets_only(target):
+    """The rules read configuration: role vllm_service's wait-ready (0755) has `key = key_of_unit(...)` in its code."""
+    script = (ROLES_DIR / "vllm_service/files/wait-ready").read_text()
+    managed = {"/usr/local/lib/vllm-provision/wait-ready": (("0755", "root:root"), script)}
+    assert row(target, facts_with(managed=managed))[2:] == ("none", "passed")
+    managed = {"/usr/local/bin/x": (("0755", "root:root"), f"#!/bin/sh\nexport DB_CONN={DECLARED}\n")}
+    assert row(target, facts_with(managed=managed))[2:] == ("/usr/local/bin/x (0755) holds a secret", "failed")
