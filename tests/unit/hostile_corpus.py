@@ -21,6 +21,7 @@ from tests.unit.conftest import UUID0, UUID1
 
 SPEC_NAME = "spec.yml"
 KEY_FILE = "keys/chat.key"  # the base instance's API key file, holding the case's secret
+TOKEN_FILE = "secrets/hf_token"  # the base instance's HF_TOKEN, declared {file: TOKEN_FILE}, holding it too
 HUGE = 10**40  # a 40-digit number
 NAN, INF = float("nan"), float("inf")
 
@@ -38,11 +39,6 @@ COMMANDS = {
 # exit code of a refused spec: 1 ("problems found"); audit's 1 means drift, so it refuses with 2
 REFUSAL_EXIT = {command: 2 if command == "audit spec" else 1 for command in COMMANDS}
 
-GATE = "issue 34: one gate for every command (inventory, monitoring export, tune and bench refuse what plan refuses)"
-PORT_MAP = "issue 34: a port map per host refusing listener collisions"
-JSON_ERRORS = "issue 34: one gate — --json refusals as a JSON error object naming each field"
-# the commands that check the spec but not yet what plan's preflight refuses (memory, drivers)
-PREFLIGHT_PENDING = {command: GATE for command in ("inventory", "audit spec", "monitoring export", "tune", "bench")}
 
 
 @dataclass(frozen=True)
@@ -54,9 +50,12 @@ class Made:
 
 def base_spec(folder: Path, secret: str) -> dict:
     """A valid spec: two hosts in group rack_a, one instance that fits its GPU, monitoring; `secret` planted in
-    the instance's HF_TOKEN and in its API key file (keys/chat.key, beside the spec)."""
+    the instance's HF_TOKEN (declared from secrets/hf_token) and in its API key file (keys/chat.key), beside the
+    spec."""
     (folder / KEY_FILE).parent.mkdir(parents=True, exist_ok=True)
     (folder / KEY_FILE).write_text(f"sk-{secret}\n")
+    (folder / TOKEN_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (folder / TOKEN_FILE).write_text(f"hf_{secret}\n")
     return {
         "version": 1,
         "defaults": {"ssh": {"user": "root"}},
@@ -70,7 +69,7 @@ def base_spec(folder: Path, secret: str) -> dict:
         "instances": [
             {"name": "chat", "host": "ws4070", "model": "Qwen/Qwen3-1.7B-FP8", "port": 8000, "bind": "0.0.0.0",
              "gpus": [0], "gpu_memory_utilization": 0.9, "options": {"max-model-len": 4096},
-             "env": {"HF_TOKEN": f"hf_{secret}"}, "api_key_file": KEY_FILE},
+             "env": {"HF_TOKEN": {"file": TOKEN_FILE}}, "api_key_file": KEY_FILE},
         ],
         "monitoring": {},
     }
@@ -326,8 +325,7 @@ HOSTS = [
          field="hosts[0].driver.version"),
     case(H, "driver-modules-unknown", "hosts[0].driver", {"modules": "closed"}, field="hosts[0].driver.modules"),
     case(H, "driver-source-unknown", "hosts[0].driver", {"source": "ubuntu"}, field="hosts[0].driver.source"),
-    case(H, "driver-too-old", "hosts[0].driver", {"source": "distribution", "branch": "535"}, field="driver",
-         pending=PREFLIGHT_PENDING),
+    case(H, "driver-too-old", "hosts[0].driver", {"source": "distribution", "branch": "535"}, field="driver"),
     case(H, "toolkit-version-word", "hosts[0].container_toolkit", {"version": "latest"},
          field="hosts[0].container_toolkit.version"),
     case(H, "host-unknown-key", "hosts[0].adress", "192.0.2.20"),
@@ -414,8 +412,8 @@ INSTANCES = [
     case(I, "share-inf", "instances[0].gpu_memory_utilization", INF),
     case(I, "share-40-digits", "instances[0].gpu_memory_utilization", HUGE),
     case(I, "share-over-the-limit", "instances[0].gpu_memory_utilization", 0.96),
-    case(I, "share-too-small-for-the-model", "instances[0].gpu_memory_utilization", 0.05, field="memory",
-         pending=PREFLIGHT_PENDING),
+    case(I, "share-too-small-for-the-model", "instances[0].gpu_memory_utilization", 0.05,
+         field="gpu_memory_utilization"),
     case(I, "profile-unknown", "instances[0].profile", "fast"),
     case(I, "option-dashes", "instances[0].options", {"--max-model-len": 4096},
          field="instances[0].options.--max-model-len"),
@@ -434,8 +432,7 @@ INSTANCES = [
     case(I, "option-secret-newline", "instances[0].options",
          {"max-model-len": 4096, "hf-token": with_secret("hf_{secret}\nx")},
          field="instances[0].options.hf-token"),
-    case(I, "option-40-digits", "instances[0].options", {"max-model-len": HUGE}, field="max-model-len",
-         pending=PREFLIGHT_PENDING),  # vLLM's int() takes it: the memory plan refuses it
+    case(I, "option-40-digits", "instances[0].options", {"max-model-len": HUGE}, field="max-model-len"),  # vLLM's int() takes it: the memory plan refuses it
     case(I, "options-a-list", "instances[0].options", ["max-model-len=4096"]),
     case(I, "env-newline", "instances[0].env.FOO", "a\nExecStartPre=/bin/touch /tmp/pwned"),
     case(I, "env-nul", "instances[0].env.FOO", "a\x00b"),
@@ -449,6 +446,20 @@ INSTANCES = [
     case(I, "env-secret-ansi", "instances[0].env.HF_TOKEN", with_secret("\x1b[8mhf_{secret}")),
     case(I, "env-secret-nul", "instances[0].env.HF_TOKEN", with_secret("hf_{secret}\x00")),
     case(I, "env-a-list", "instances[0].env", ["FOO=1"]),
+    # secrets by declaration: an inline value whose name looks secret, a declared source that cannot be read
+    case(I, "env-inline-db-pass", "instances[0].env.DB_PASS", with_secret("pw-{secret}")),
+    case(I, "env-inline-github-pat", "instances[0].env.GITHUB_PAT", with_secret("ghp_{secret}")),
+    case(I, "env-inline-credentials", "instances[0].env.MY_CREDENTIALS", with_secret("user:{secret}")),
+    case(I, "env-secret-file-two-lines", "instances[0].env.HF_TOKEN",
+         {"file": file_with("two.token", lambda secret: f"hf_{secret}\nhf_{secret}2\n".encode())}),
+    case(I, "env-secret-file-spaces", "instances[0].env.HF_TOKEN",
+         {"file": file_with("spaced.token", lambda secret: f"hf_{secret} x\n".encode())}),
+    case(I, "env-secret-file-fifo", "instances[0].env.HF_TOKEN", {"file": fifo("token.fifo")}),
+    case(I, "env-secret-file-missing", "instances[0].env.HF_TOKEN", {"file": "secrets/nowhere"}),
+    case(I, "env-secret-unset-variable", "instances[0].env.HF_TOKEN", {"env": "VP_CORPUS_UNSET_VARIABLE"}),
+    case(I, "env-secret-two-sources", "instances[0].env.HF_TOKEN", {"file": TOKEN_FILE, "env": "HOME"}),
+    case(I, "env-secret-no-source", "instances[0].env.HF_TOKEN", {}),
+    case(I, "env-secret-bad-variable-name", "instances[0].env.HF_TOKEN", {"env": "A B"}),
     *file_cases(I, "instances[0].api_key_file"),
     case(I, "api-key-file-shadow", "instances[0].api_key_file", symlink_to("/etc/shadow", "shadow.link")),
     case(I, "api-key-file-passwd-traversal", "instances[0].api_key_file", "../" * 12 + "etc/passwd"),
@@ -530,7 +541,7 @@ GATEWAYS = [
     gateway_case("port-40-digits", {"port": HUGE}, "gateways[0].port"),
     gateway_case("port-string", {"port": "8080"}, "gateways[0].port"),
     gateway_case("port-of-an-instance", {"port": 8000}, "gateways[0].port"),
-    gateway_case("port-of-node-exporter", {"port": 9100}, "gateways[0].port", pending={"*": PORT_MAP}),
+    gateway_case("port-of-node-exporter", {"port": 9100}, "gateways[0].port"),
     gateway_case("bind-zone-id", {"bind": "fe80::1%eth0"}, "gateways[0].bind"),
     gateway_case("bind-shell", {"bind": "0.0.0.0 && reboot"}, "gateways[0].bind"),
     gateway_case("tls-fifo", {"tls_certificate": fifo("cert.fifo")}, "gateways[0].tls_certificate"),
@@ -563,11 +574,11 @@ MONITORING = [
     case(M, "gpu-metrics-unknown", "monitoring.gpu_metrics", "nvml"),
     case(M, "node-exporter-port-zero", "monitoring.node_exporter_port", 0),
     case(M, "node-exporter-port-40-digits", "monitoring.node_exporter_port", HUGE),
-    case(M, "node-exporter-on-instance-port", "monitoring.node_exporter_port", 8000, pending={"*": PORT_MAP}),
+    case(M, "node-exporter-on-instance-port", "monitoring.node_exporter_port", 8000),
     case(M, "dcgm-port-too-big", "monitoring.dcgm_exporter_port", 70000),
     case(M, "prometheus-port-string", "monitoring.prometheus_port", "9090"),
     case(M, "prometheus-on-instance-port", "monitoring",
-         {"host": "ws4070", "prometheus_port": 8000}, field="monitoring.prometheus_port", pending={"*": PORT_MAP}),
+         {"host": "ws4070", "prometheus_port": 8000}, field="monitoring.prometheus_port"),
     case(M, "kv-cache-above-1", "monitoring.alerts.kv_cache_usage", 1.5),
     case(M, "kv-cache-nan", "monitoring.alerts.kv_cache_usage", NAN),
     case(M, "requests-waiting-negative", "monitoring.alerts.requests_waiting", -1),
@@ -621,3 +632,62 @@ FILE = [
 
 CORPUS: list[Case] = HOSTS + GROUPS + INSTANCES + GATEWAYS + MONITORING + FILE
 SECTIONS = (H, G, I, W, M, F)
+
+
+# --------------------------------------------------------------------------- command-line arguments
+
+
+@dataclass(frozen=True)
+class ArgumentCase:
+    """A valid spec (`base_spec`) and a hostile argument: `args` (the spec appended as --spec FILE), refused
+    naming `option`, before any file is written or any host reached."""
+
+    name: str
+    args: list[str]
+    option: str
+
+    @property
+    def id(self) -> str:
+        return f"arguments/{self.name}"
+
+
+def slo(name: str, term: str) -> ArgumentCase:
+    return ArgumentCase(f"slo-{name}", ["tune", "chat", "--slo", term], "--slo")
+
+
+def min_serving(name: str, value: str) -> ArgumentCase:
+    return ArgumentCase(f"min-serving-{name}", ["apply", "--rolling", "--min-serving", value], "--min-serving")
+
+
+ARGUMENTS = [
+    slo("400-digits", "ttft_p99<=" + "9" * 400 + "ms"),
+    slo("nan", "ttft_p99<=nanms"),
+    slo("infinite", "ttft_p99<=infms"),
+    slo("negative", "ttft_p99<=-5ms"),
+    slo("zero", "ttft_p99<=0ms"),
+    slo("above-an-hour", "ttft_p99<=2h"),
+    slo("unknown-metric", "ttft_p42<=200ms"),
+    slo("unknown-unit", "ttft_p99<=200parsecs"),
+    slo("no-limit", "ttft_p99<="),
+    slo("newline", "ttft_p99<=200ms\nINJECTED LINE"),
+    slo("escape", "\x1b[2Jttft_p99<=200ms"),
+    slo("goodput-above-100", "goodput>=150%"),
+    slo("goodput-nan", "goodput>=nan%"),
+    min_serving("above-100", "150%"),
+    min_serving("negative", "-1"),
+    min_serving("a-word", "all"),
+    min_serving("40-digits", "9" * 40),
+    min_serving("newline", "1\nINJECTED LINE"),
+    ArgumentCase("batch-zero", ["apply", "--rolling", "--batch", "0"], "--batch"),
+    ArgumentCase("batch-a-word", ["apply", "--rolling", "--batch", "many"], "--batch"),
+    ArgumentCase("max-fail-above-100", ["apply", "--rolling", "--max-fail", "101%"], "--max-fail"),
+    ArgumentCase("space-unknown-flag", ["tune", "chat", "--slo", "ttft_p99<=200ms", "--space", "no-such-flag=1,2"],
+                 "--space"),
+    ArgumentCase("space-no-values", ["tune", "chat", "--slo", "ttft_p99<=200ms", "--space", "max-num-seqs="],
+                 "--space"),
+    ArgumentCase("load-unknown", ["bench", "run", "chat", "--load", "no-such-load"], "--load"),
+    ArgumentCase("sweep-newline", ["bench", "run", "chat", "--sweep", "max-num-seqs=8\nINJECTED"], "--sweep"),
+    ArgumentCase("host-newline", ["plan", "ws4070\nINJECTED LINE"], "ws4070\\nINJECTED LINE"),
+    ArgumentCase("host-escape", ["apply", "\x1b[2Jws4070"], "\\x1b[2Jws4070"),
+    ArgumentCase("host-unknown", ["audit", "spec", "ws9999"], "ws9999"),
+]
