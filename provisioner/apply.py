@@ -601,8 +601,8 @@ def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Ho
     SelectionError, ControlError, AnsibleConfigError or PreflightError, and no host is touched."""
     chosen = select_hosts(spec, hosts)
     check_controls(controls)
+    check_preflight(spec, chosen)  # vLLM would refuse to start: before Ansible is loaded (it makes ~/.ansible/tmp)
     ansible_environment()  # the user's configuration is usable, before any host is contacted
-    check_preflight(spec, chosen)  # vLLM would refuse to start
     return chosen
 
 

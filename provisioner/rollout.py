@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 HOSTS_PLAY = "Provision vLLM hosts"  # playbooks/site.yml's play that runs in batches
-COUNT = re.compile(r"^([0-9]+)(%?)$")
+COUNT = re.compile(r"^([0-9]{1,6})(%?)$")  # hosts or replicas: at most 999,999 (a 40-digit count is a typo)
 
 
 @dataclass(frozen=True)

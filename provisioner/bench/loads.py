@@ -34,5 +34,5 @@ def get_load(name: str) -> Load:
     """The named profile; an unknown name raises ValueError listing the known ones."""
     profiles = load_profiles()
     if name not in profiles:
-        raise ValueError(f"no load profile '{name}' — choose one of: {', '.join(profiles)}")
+        raise ValueError(f"--load {name!r}: no load profile of that name — choose one of: {', '.join(profiles)}")
     return profiles[name]

@@ -33,13 +33,14 @@ class Sweep:
     values: tuple[Any, ...]
 
 
-def parse_sweep(text: str) -> Sweep:
-    """'max_num_batched_tokens=2048,4096' → Sweep('max-num-batched-tokens', (2048, 4096)); values read as YAML scalars."""
+def parse_sweep(text: str, option: str = "--sweep") -> Sweep:
+    """'max_num_batched_tokens=2048,4096' → Sweep('max-num-batched-tokens', (2048, 4096)); values read as YAML scalars.
+    `option` names the command-line option it came from in the error."""
     flag, equals, values = text.partition("=")
     flag = flag.strip().removeprefix("--").replace("_", "-")
     items = [item.strip() for item in values.split(",") if item.strip()]
     if not equals or not flag or not items:
-        raise ValueError(f"--sweep {text!r}: write FLAG=VALUE,VALUE,… (e.g. max_num_batched_tokens=2048,4096,8192)")
+        raise ValueError(f"{option} {text!r}: write FLAG=VALUE,VALUE,… (e.g. max_num_batched_tokens=2048,4096,8192)")
     return Sweep(flag, tuple(yaml.safe_load(item) for item in items))
 
 

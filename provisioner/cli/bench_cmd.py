@@ -36,7 +36,7 @@ def bench_run(
 
     from provisioner.bench.loads import get_load
     from provisioner.bench.session import BenchError, run_set_name, tpot_floor
-    from provisioner.bench.sweep import parse_sweep
+    from provisioner.bench.sweep import parse_sweep, swept_specs
     from provisioner.bench.target import bench_target
     from provisioner.cli.bench_view import (
         comparison_table,
@@ -45,7 +45,7 @@ def bench_run(
         summary_table,
         sweep_with_progress,
     )
-    from provisioner.cli.console import make_console
+    from provisioner.cli.console import make_console, print_spec_problems
     from provisioner.remote import RemoteError
     from provisioner.secrets import redact
     from provisioner.spec import SpecError
@@ -57,6 +57,11 @@ def bench_run(
         parsed_sweep = parse_sweep(sweep) if sweep else None
         loaded = gate_or_exit(spec).spec
         target = bench_target(loaded, instance, vllm)
+        if parsed_sweep:
+            swept_specs(loaded, instance, parsed_sweep)  # every value valid before the host is touched
+    except SpecError as error:
+        print_spec_problems(console, error, "nothing was run on the host")
+        exit_with(PROBLEMS_FOUND)
     except ValueError as error:
         console.print(f"[bold red]error:[/] {escape(printable(redact(str(error))))}")
         exit_with(USAGE_ERROR)
@@ -73,10 +78,7 @@ def bench_run(
         else:
             run_sets = [run_set_with_progress(console, target, profile, repeats, name, {"floor": floor_info})]
     except SpecError as error:
-        for problem in error.problems:
-            console.print(f"[bold red]{escape(printable(problem.path))}:[/] "
-                          f"{escape(printable(redact(problem.message)))}")
-        console.print("nothing was changed on the host")
+        print_spec_problems(console, error, "nothing was changed on the host")
         exit_with(PROBLEMS_FOUND)
     except (BenchError, RemoteError, ValueError) as error:
         console.print(f"[bold red]error:[/] {escape(printable(redact(str(error))))}")

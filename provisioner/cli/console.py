@@ -95,3 +95,16 @@ def rule_text(title: str) -> str:
     RULE_WIDTH - 4 cells."""
     left = (RULE_WIDTH - cell_len(title) - 2) // 2
     return f"{'─' * left} {title} {'─' * (RULE_WIDTH - cell_len(title) - 2 - left)}\n"
+
+
+def print_spec_problems(console: Console, error, after: str) -> None:
+    """A SpecError's problems, a line each (`field: message`, escaped and redacted), then `after`: what was not
+    done."""
+    from rich.markup import escape
+
+    from provisioner.secrets import redact
+    from provisioner.spec.wording import printable
+
+    for problem in error.problems:
+        console.print(f"[bold red]{escape(printable(problem.path))}:[/] {escape(printable(redact(problem.message)))}")
+    console.print(after)

@@ -50,7 +50,7 @@ def tune(
     from provisioner.bench.session import BenchError, run_set_name
     from provisioner.bench.sweep import parse_sweep
     from provisioner.bench.target import bench_target
-    from provisioner.cli.console import make_console
+    from provisioner.cli.console import make_console, print_spec_problems
     from provisioner.cli.tune_view import report, run_with_progress, write_winner_to
     from provisioner.remote import RemoteError
     from provisioner.secrets import redact
@@ -70,7 +70,7 @@ def tune(
     try:  # every input checked before any host is touched
         parsed_slo = parse_slo(slo)
         profile = get_load(load)
-        overrides = {sweep.flag: sweep.values for sweep in map(parse_sweep, space or [])}
+        overrides = {sweep.flag: sweep.values for sweep in (parse_sweep(text, "--space") for text in space or [])}
     except ValueError as error:
         fail(USAGE_ERROR, str(error))
     gated = gate_or_exit(spec)
@@ -96,10 +96,7 @@ def tune(
             result = run_with_progress(console, loaded, target, parsed_slo, profile, axes, repeats, folder, budget,
                                        vllm)
     except SpecError as error:
-        for problem in error.problems:
-            console.print(f"[bold red]{escape(printable(problem.path))}:[/] "
-                          f"{escape(printable(redact(problem.message)))}")
-        console.print("nothing was changed on the host")
+        print_spec_problems(console, error, "nothing was changed on the host")
         exit_with(PROBLEMS_FOUND)
     except (BenchError, RemoteError, ResultError, ValueError) as error:
         fail(PROBLEMS_FOUND, f"{error} ({untouched})")

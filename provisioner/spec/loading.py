@@ -100,11 +100,41 @@ def _line_column(text: str, position: int) -> tuple[int, int]:
 MAX_EXPANDED_NODES = 100_000
 
 
+# Collections a value may sit in. A spec nests a dozen levels; libyaml composes nested collections by recursion
+# in C, which no RecursionError stops: tens of thousands of `[` overflow the stack (a segmentation fault).
+MAX_NESTING = 200
+_OPENING = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSING = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _nesting_problem(text: str, source_name: str) -> Problem | None:
+    """A Problem when collections nest deeper than MAX_NESTING: counted on the parser's events (read one by
+    one, no recursion), before anything is composed. A document that does not parse is left to the loader."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):
+            if isinstance(event, _OPENING):
+                depth += 1
+                if depth > MAX_NESTING:
+                    mark = event.start_mark
+                    return Problem(f"{source_name}:{mark.line + 1}:{mark.column + 1}",
+                                   f"values nested more than {MAX_NESTING} deep — a spec nests a few levels; fix "
+                                   "the brackets")
+            elif isinstance(event, _CLOSING):
+                depth -= 1
+    except yaml.YAMLError:
+        return None
+    return None
+
+
 def _load_bounded(text: str, source_name: str) -> Any:
     """Compose the document (aliases stay references), refuse it if its aliases expand beyond
     MAX_EXPANDED_NODES, then construct it; as `yaml.load(text, Loader=_StrictLoader)` otherwise.
     A document libyaml reads without a problem is read by libyaml; any other is read again by PyYAML's
     own parser, whose error (or expansion problem, which names the anchor) is the one reported."""
+    problem = _nesting_problem(text, source_name)
+    if problem:
+        raise SpecError([problem])
     if yaml.__with_libyaml__:
         loaded = _fast_load(text)
         if loaded is not _UNREAD:

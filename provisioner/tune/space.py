@@ -65,7 +65,7 @@ def search_space(version: str, overrides: dict[str, tuple[Any, ...]] | None = No
                                                                            drop_unset=True)).items():
                 problems.append(f"{axis.flag}={value}: {message}")
     if problems:
-        raise SpaceError("the search space has flags or values vLLM would reject: " + "; ".join(problems))
+        raise SpaceError("--space: the search space has flags or values vLLM would reject: " + "; ".join(problems))
     return axes
 
 

@@ -34,12 +34,15 @@ def invoke(*args, env: dict[str, str] | None = None, input: str | None = None):
     return CliRunner().invoke(app, [str(arg) for arg in args], env=environment, input=input)
 
 
+FITS = {"max-model-len": 4096}  # fits the GPU: apply's preflight lets the run go on to what a test checks
+
+
 def two_hosts(tmp_path: Path, name: str = "spec.yml", **first) -> Path:
     """ws4070 in groups rack_a and big, ws3090 in rack_b and big."""
     data = spec_data(
         hosts=[host(groups=["rack_a", "big"], **first),
                host("ws3090", "192.0.2.10", groups=["rack_b", "big"], gpus={"devices": [{"index": 0, "uuid": UUID1}]})],
-        instances=[instance("chat", 8000), instance("qwen", 8000, on="ws3090")])
+        instances=[instance("chat", 8000, options=FITS), instance("qwen", 8000, on="ws3090", options=FITS)])
     return write_spec(tmp_path / name, data)
 
 

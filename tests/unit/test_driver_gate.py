@@ -184,6 +184,16 @@ def test_apply_refuses_a_declared_driver_before_any_host_is_touched(tmp_path):
     ]
 
 
+def test_apply_refuses_a_driver_too_old_before_it_loads_ansible(tmp_path, monkeypatch):
+    """Loading Ansible's configuration makes ~/.ansible/tmp: a refused spec must write nothing (issue 34)."""
+    loaded = []
+    monkeypatch.setattr("provisioner.apply.ansible_environment", lambda *args: loaded.append(args))
+    spec = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(driver={"source": "distribution", "branch": "535"})],
+                                                       instances=[fitting()]))
+    assert invoke("apply", "--spec", spec).exit_code == 1
+    assert loaded == []
+
+
 def test_apply_names_memory_and_driver_problems_together(tmp_path):
     spec = write_spec(tmp_path / "spec.yml", spec_data(
         hosts=[host(driver={"source": "distribution", "branch": "535"})],

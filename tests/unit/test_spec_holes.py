@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -240,6 +241,23 @@ def test_an_alias_inside_itself_is_refused():
         parse_yaml("version: 1\nhosts: &loop [*loop]\n", "spec.yml")
     assert str(caught.value) == ("spec.yml: &loop (line 2) contains an alias of itself, which expands without end "
                                  "— write the repeated part out")
+
+
+@pytest.mark.parametrize("nested", ["[" * 100_000 + "]" * 100_000, "{a: " * 50_000 + "1" + "}" * 50_000])
+def test_values_nested_beyond_the_bound_are_refused_not_a_crash(nested):
+    """libyaml composes by recursion in C: 100,000 brackets overflowed the stack (a segmentation fault, no
+    message). Run in a child, so that a crash fails this test only."""
+    code = ("import sys\nfrom provisioner.spec import SpecError, parse_yaml\n"
+            "try:\n    parse_yaml(sys.stdin.read(), 'spec.yml')\nexcept SpecError as error:\n    print(error)\n")
+    run = subprocess.run([sys.executable, "-c", code], input="version: 1\nhosts: " + nested, capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("spec.yml:2:") and "values nested more than 200 deep" in run.stdout, run.stdout
+
+
+def test_nesting_up_to_the_bound_is_read():
+    nested = "[" * 199 + "1" + "]" * 199
+    assert parse_yaml(f"version: 1\nx: {nested}\n")["x"] == yaml.safe_load(nested)
 
 
 def test_ordinary_aliases_are_fine():
