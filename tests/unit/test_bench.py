@@ -35,7 +35,7 @@ def test_every_load_profile_is_complete_and_sized_per_concurrency():
 
 
 def test_an_unknown_load_profile_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"no load profile 'chatt' — choose one of: chat, "):
+    with pytest.raises(ValueError, match=r"--load 'chatt': no load profile of that name — choose one of: chat, "):
         get_load("chatt")
 
 

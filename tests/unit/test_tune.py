@@ -335,9 +335,9 @@ def test_tune_when_nothing_meets_the_slo_names_the_closest_writes_nothing_and_ex
 @pytest.mark.parametrize("args, message", [
     (("--slo", "ttft_p99<200ms"), "error: --slo term 'ttft_p99<200ms': a latency bound is an upper limit"),
     (("--slo", "ttft_p99<=200ms", "--space", "max_num_seq=8"),
-     "error: the search space has flags or values vLLM would reject: max-num-seq=8: vLLM 0.25.0 has no flag "
+     "error: --space: the search space has flags or values vLLM would reject: max-num-seq=8: vLLM 0.25.0 has no flag "
      "--max-num-seq — did you mean 'max-num-seqs'"),
-    (("--slo", "ttft_p99<=200ms", "--load", "chatt"), "error: no load profile 'chatt' — choose one of: chat,"),
+    (("--slo", "ttft_p99<=200ms", "--load", "chatt"), "error: --load 'chatt': no load profile of that name — choose one of: chat,"),
     (("--slo", "ttft_p99<=200ms", "--from-results", "/nonexistent/t"), "error: --from-results /nonexistent/t: no "
      "such folder — give the folder holding one run set per candidate"),
 ])
