@@ -283,10 +283,23 @@ def service_instance(host: Host, instance: Instance, file_name: FileName = _as_i
     }
 
 
+class VaultText(str):
+    """A vault-encrypted value, written into the inventory as Ansible's `!vault |` (it decrypts it when a
+    role uses it, with the password ansible-playbook is given)."""
+
+
 def secret_source(source: SecretValue, file_name: FileName = _as_is) -> dict[str, str]:
     """Where the role's lookup reads a declared secret on the controller at run time: {file: PATH} (named as
-    the inventory names files) or {env: NAME}; never its value."""
+    the inventory names files) or {env: NAME}; a vault-encrypted one as {vault: !vault TEXT}, still encrypted;
+    never its value."""
+    if source.vault is not None:
+        return {"vault": VaultText(vault_block(source.vault))}
     return {"file": file_name(source.file)} if source.file else {"env": source.env}
+
+
+def vault_block(text: str) -> str:
+    """The vault text as ansible-vault writes it: one header line, then hex lines, each without indent."""
+    return "".join(f"{line.strip()}\n" for line in text.strip().splitlines() if line.strip())
 
 
 def container_vars(host: Host, container: Container, file_name: FileName = _as_is) -> dict[str, Any]:
@@ -371,6 +384,8 @@ def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 
 
 _IndentedDumper.add_representer(str, _represent_text)
+_IndentedDumper.add_representer(
+    VaultText, lambda dumper, text: dumper.represent_scalar("!vault", str(text), style="|"))
 _IndentedDumper.add_representer(Template, lambda dumper, template: dumper.represent_str(str(template)))
 
 
