@@ -27,7 +27,7 @@ def inline_secret_problem(name: str, value: str | SecretValue) -> str | None:
     return (f"'{name}' looks like a secret, and its value is written in the spec (plan, the inventory and the unit "
             f"would hold it in clear) — declare where it comes from instead: `{name}: {{file: "
             f"secrets/{name.lower()}}}` (a file beside the spec, mode 0600), `{name}: {{env: {name}}}` (the "
-            "controller's environment when plan, apply and audit run) or the value encrypted: `{name}: !vault |` "
+            f"controller's environment when plan, apply and audit run) or the value encrypted: `{name}: !vault |` "
             f"as `ansible-vault encrypt_string --name {name}` prints it")
 
 
