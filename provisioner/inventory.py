@@ -180,6 +180,7 @@ def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_i
         "shm_size": settings.shm_size,
         "vllm_service_bin": f"{host.vllm.venv}/bin/vllm",
         "vllm_service_instances": [service_instance(host, instance, file_name) for instance in instances],
+        **vault_secret_vars(instances),
         "container_engine_engines": sorted({instance.container.engine for instance in instances if instance.container}),
         "container_engine_cdi_devices": sorted({
             cdi_device(host.gpu_uuid(ref)) for instance in instances if instance.container for ref in instance.gpus
@@ -288,13 +289,34 @@ class VaultText(str):
     role uses it, with the password ansible-playbook is given)."""
 
 
-def secret_source(source: SecretValue, file_name: FileName = _as_is) -> dict[str, str]:
+VAULT_SECRETS = "vllm_service_vault_secrets"
+
+
+def secret_source(source: SecretValue, file_name: FileName = _as_is) -> dict[str, Any]:
     """Where the role's lookup reads a declared secret on the controller at run time: {file: PATH} (named as
-    the inventory names files) or {env: NAME}; a vault-encrypted one as {vault: !vault TEXT}, still encrypted;
-    never its value."""
+    the inventory names files) or {env: NAME}; a vault-encrypted one {vault: true}: its ciphertext is in
+    VAULT_SECRETS (`vault_secret_vars`); never its value."""
     if source.vault is not None:
-        return {"vault": VaultText(vault_block(source.vault))}
+        return {"vault": True}
     return {"file": file_name(source.file)} if source.file else {"env": source.env}
+
+
+def vault_secret_vars(instances: list[Instance]) -> dict[str, Any]:
+    """`vllm_service_vault_secrets: {<instance>: {NAME: !vault TEXT}}`, the vault-encrypted secrets still
+    encrypted, where any: apart from `vllm_service_instances`, whose entries the role loops over (Ansible
+    decrypts a loop's items, and a failed item's result shows its loop variable whole)."""
+    secrets = {instance.name: {name: VaultText(vault_block(source.vault))
+                               for name, source in sorted(instance.secret_env.items()) if source.vault is not None}
+               for instance in instances}
+    secrets = {name: values for name, values in secrets.items() if values}
+    return {VAULT_SECRETS: secrets} if secrets else {}
+
+
+def secret_sources(variables: dict[str, Any], entry: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """An entry's secret_env with each vault-encrypted source's ciphertext in it (`read_secret` reads them)."""
+    vaulted = variables.get(VAULT_SECRETS, {}).get(entry["name"], {})
+    return {name: {"vault": str(vaulted[name])} if source.get("vault") is True else source
+            for name, source in entry.get("secret_env", {}).items()}
 
 
 def vault_block(text: str) -> str:

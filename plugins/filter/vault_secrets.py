@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-# Part of vllm-provision. Runs on the controller: role vllm_service's preflight names, before any change, the declared
-# secrets ansible-playbook cannot decrypt (the env file task that uses them runs under no_log, which hides why).
-"""The vault-encrypted secrets of the instances that the vault password ansible-playbook was given does not decrypt:
+# Part of vllm-provision. Runs on the controller: playbook site.yml's first check (role vllm_service's
+# tasks/secrets-check.yml) names, before any change, the declared secrets ansible-playbook cannot decrypt (the env
+# file task that uses them runs under no_log, which hides why).
+"""The instances' vault-encrypted secrets that the vault password ansible-playbook was given does not decrypt:
 
-    vllm_service_instances | vllm_provision.gpu_host.undecryptable   ->  ['chat: HF_TOKEN']
+    vllm_service_vault_secrets | vllm_provision.gpu_host.undecryptable   ->  ['chat: HF_TOKEN']
 
-Each entry's `secret_env` maps NAME to {file: PATH}, {env: VAR} or {vault: !vault TEXT}; only the last are tried.
-Names only, never a value. ansible-core 2.19 hands an undecryptable value over as a marker (the plugin accepts
-markers, from its arguments and from the entries; a task that reads an entry whole, or loops over the entries,
-fails unnamed instead); before 2.19 decrypting it raises.
+`vllm_service_vault_secrets` maps an instance's name to NAME to a `!vault` value. Names only, never a value.
+ansible-core 2.19 hands an undecryptable value over as a marker (the plugin accepts markers, from its argument and
+from the mapping; a task that reads a value otherwise fails without naming it); before 2.19 decrypting it raises.
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ except ImportError:  # ansible-core before 2.19: no markers
 
 @accept_lazy_markers
 @accept_args_markers
-def undecryptable(instances) -> list[str]:
+def undecryptable(vault_secrets) -> list[str]:
     found = []
-    for entry in list(instances or []) if isinstance(instances, (list, tuple)) else []:
-        secret_env = entry.get("secret_env") if hasattr(entry, "get") else None
-        for name, source in (secret_env.items() if hasattr(secret_env, "items") else []):
-            value = source.get("vault") if hasattr(source, "get") else None
-            if value is not None and not _decrypts(value):
-                found.append(f"{entry.get('name', '?')}: {name}")
+    for instance, values in (vault_secrets.items() if hasattr(vault_secrets, "items") else []):
+        for name, value in (values.items() if hasattr(values, "items") else []):
+            if not _decrypts(value):
+                found.append(f"{instance}: {name}")
     return found
 
 

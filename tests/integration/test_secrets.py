@@ -231,7 +231,8 @@ def test_the_inventory_holds_where_the_secrets_come_from_for_its_owner_alone(out
     (host_vars,) = [text for name, text in files.items() if name.startswith("inventory inventory/host_vars/")]
     assert "HF_TOKEN:\n        file: " in host_vars and f"DB_CONN:\n        env: {DB_CONN_VARIABLE}" in host_vars
     # the vault-encrypted one still encrypted, as Ansible reads it (the value itself: test_no_output_holds_a_secret)
-    assert "S3_CONN:\n        vault: !vault |\n          $ANSIBLE_VAULT;1.1;AES256\n" in host_vars
+    assert "S3_CONN:\n        vault: true\n" in host_vars
+    assert "vllm_service_vault_secrets:\n  chat:\n    S3_CONN: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n" in host_vars
 
 
 def test_the_audit_fails_a_world_readable_dropin_holding_a_declared_secret(outputs):

@@ -104,18 +104,19 @@ def test_the_roles_lookups_write_the_declared_secrets_the_audit_expects(tmp_path
     host = spec.hosts[0]
     variables = host_variables(host, spec.instances_on(host.name))
     entry = variables["vllm_service_instances"][0]
+    assert entry["secret_env"]["S3_CONN"] == {"vault": True}  # the ciphertext is apart from the entry
     # as Ansible's loader reads the inventory's `!vault` scalar
-    read = {**entry, "secret_env": {**entry["secret_env"], "S3_CONN": {
-        "vault": EncryptedString(ciphertext=str(entry["secret_env"]["S3_CONN"]["vault"]))}}}
+    vault_secrets = {"chat": {"S3_CONN": EncryptedString(ciphertext=str(variables["vllm_service_vault_secrets"]["chat"]["S3_CONN"]))}}
     init_plugin_loader()  # the lookups are plugins
     role_vars = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())
-    unit_variables = {**variables, "vllm_service_instance": read, "vllm_service_api_key": "",
+    unit_variables = {**variables, "vllm_service_vault_secrets": vault_secrets,
+                      "vllm_service_instance": entry, "vllm_service_api_key": "",
                       "_vllm_service_secret_sources": trust_as_template(role_vars["_vllm_service_secret_sources"])}
     secret_env = Templar(loader=DataLoader(), variables=unit_variables).template(
         trust_as_template(role_vars["_vllm_service_secret_env"]))
     assert secret_env == {"DB_CONN": "db-conn-value-4e2", "GITHUB_PAT": "pat-value-9a7", "S3_CONN": "s3-conn-value-5b8"}
     rendered = ansible_render(ROLES_DIR / "vllm_service/templates/vllm-instance.env.j2",
-                              {**unit_variables, "vllm_service_instance": entry, "vllm_service_secret_env": secret_env})
+                              {**unit_variables, "vllm_service_secret_env": secret_env})
     assert rendered.splitlines()[-3:] == ["DB_CONN=db-conn-value-4e2", "GITHUB_PAT=pat-value-9a7",
                                           "S3_CONN=s3-conn-value-5b8"]
     assert hashlib.sha256(rendered.encode()).hexdigest() == env_file_sha256(variables, entry)

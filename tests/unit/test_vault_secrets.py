@@ -212,12 +212,16 @@ def test_the_inventory_holds_the_value_still_encrypted_as_ansible_reads_it(tmp_p
     spec = load_spec(pasted_spec(tmp_path, printed))
     files = build_inventory(spec, tmp_path / "inventory")
     (entry,) = files["host_vars/ws4070.yml"]["vllm_service_instances"]
-    assert entry["secret_env"] == {"HF_TOKEN": {"vault": spec.instances[0].secret_env["HF_TOKEN"].vault}}
+    # apart from the entries, which the role loops over (Ansible decrypts a loop's items, and shows a failed one)
+    assert entry["secret_env"] == {"HF_TOKEN": {"vault": True}}
+    assert files["host_vars/ws4070.yml"]["vllm_service_vault_secrets"] == {
+        "chat": {"HF_TOKEN": spec.instances[0].secret_env["HF_TOKEN"].vault}}
     out = tmp_path / "inventory"
     result = invoke("inventory", "--spec", tmp_path / "provision.yml", "-o", out)
     assert result.exit_code == 0, result.output
     text = (out / "host_vars" / "ws4070.yml").read_text()
-    assert "    secret_env:\n      HF_TOKEN:\n        vault: !vault |\n          $ANSIBLE_VAULT;1.1;AES256\n" in text
+    assert "    secret_env:\n      HF_TOKEN:\n        vault: true\n" in text
+    assert "vllm_service_vault_secrets:\n  chat:\n    HF_TOKEN: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n" in text
     for path in [path for path in out.rglob("*") if path.is_file()]:
         assert VAULT_SECRET not in path.read_text(), path
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
@@ -229,6 +233,5 @@ def test_the_inventory_holds_the_value_still_encrypted_as_ansible_reads_it(tmp_p
 
     loader = DataLoader()
     loader.set_vault_secrets([("default", VaultSecret(PASSWORD.encode()))])
-    (read,) = loader.load_from_file(str(out / "host_vars" / "ws4070.yml"))["vllm_service_instances"]
-    vaulted = read["secret_env"]["HF_TOKEN"]["vault"]
+    vaulted = loader.load_from_file(str(out / "host_vars" / "ws4070.yml"))["vllm_service_vault_secrets"]["chat"]["HF_TOKEN"]
     assert type(vaulted).__name__ in ("EncryptedString", "AnsibleVaultEncryptedUnicode")
