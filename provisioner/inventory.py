@@ -180,6 +180,7 @@ def host_vars(host: Host, instances: list[Instance], file_name: FileName = _as_i
         "shm_size": settings.shm_size,
         "vllm_service_bin": f"{host.vllm.venv}/bin/vllm",
         "vllm_service_instances": [service_instance(host, instance, file_name) for instance in instances],
+        **vault_secret_vars(instances),
         "container_engine_engines": sorted({instance.container.engine for instance in instances if instance.container}),
         "container_engine_cdi_devices": sorted({
             cdi_device(host.gpu_uuid(ref)) for instance in instances if instance.container for ref in instance.gpus
@@ -283,10 +284,44 @@ def service_instance(host: Host, instance: Instance, file_name: FileName = _as_i
     }
 
 
-def secret_source(source: SecretValue, file_name: FileName = _as_is) -> dict[str, str]:
+class VaultText(str):
+    """A vault-encrypted value, written into the inventory as Ansible's `!vault |` (it decrypts it when a
+    role uses it, with the password ansible-playbook is given)."""
+
+
+VAULT_SECRETS = "vllm_service_vault_secrets"
+
+
+def secret_source(source: SecretValue, file_name: FileName = _as_is) -> dict[str, Any]:
     """Where the role's lookup reads a declared secret on the controller at run time: {file: PATH} (named as
-    the inventory names files) or {env: NAME}; never its value."""
+    the inventory names files) or {env: NAME}; a vault-encrypted one {vault: true}: its ciphertext is in
+    VAULT_SECRETS (`vault_secret_vars`); never its value."""
+    if source.vault is not None:
+        return {"vault": True}
     return {"file": file_name(source.file)} if source.file else {"env": source.env}
+
+
+def vault_secret_vars(instances: list[Instance]) -> dict[str, Any]:
+    """`vllm_service_vault_secrets: {<instance>: {NAME: !vault TEXT}}`, the vault-encrypted secrets still
+    encrypted, where any: apart from `vllm_service_instances`, whose entries the role loops over (Ansible
+    decrypts a loop's items, and a failed item's result shows its loop variable whole)."""
+    secrets = {instance.name: {name: VaultText(vault_block(source.vault))
+                               for name, source in sorted(instance.secret_env.items()) if source.vault is not None}
+               for instance in instances}
+    secrets = {name: values for name, values in secrets.items() if values}
+    return {VAULT_SECRETS: secrets} if secrets else {}
+
+
+def secret_sources(variables: dict[str, Any], entry: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """An entry's secret_env with each vault-encrypted source's ciphertext in it (`read_secret` reads them)."""
+    vaulted = variables.get(VAULT_SECRETS, {}).get(entry["name"], {})
+    return {name: {"vault": str(vaulted[name])} if source.get("vault") is True else source
+            for name, source in entry.get("secret_env", {}).items()}
+
+
+def vault_block(text: str) -> str:
+    """The vault text as ansible-vault writes it: one header line, then hex lines, each without indent."""
+    return "".join(f"{line.strip()}\n" for line in text.strip().splitlines() if line.strip())
 
 
 def container_vars(host: Host, container: Container, file_name: FileName = _as_is) -> dict[str, Any]:
@@ -371,6 +406,8 @@ def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 
 
 _IndentedDumper.add_representer(str, _represent_text)
+_IndentedDumper.add_representer(
+    VaultText, lambda dumper, text: dumper.represent_scalar("!vault", str(text), style="|"))
 _IndentedDumper.add_representer(Template, lambda dumper, template: dumper.represent_str(str(template)))
 
 

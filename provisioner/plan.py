@@ -200,6 +200,8 @@ def redacted_secret(source: dict[str, str]) -> str:
     """What the plan shows instead of a declared secret: where it comes from."""
     if source.get("file"):
         return redacted_key(source["file"])
+    if source.get("vault"):
+        return "<redacted: vault-encrypted in the spec>"
     return f"<redacted: from the controller's ${source['env']}>"
 
 

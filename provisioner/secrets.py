@@ -10,7 +10,7 @@ bench) passes it through here. What counts as a secret:
     `api-key: …`, JSON `"HF_TOKEN": "…"`, Python reprs `'api_key': ['…']`;
   - credentials: `Authorization: Bearer …` (or Basic), a bare `Bearer …`, a URL's password;
   - every value the spec declares secret (`declare_secret`: an instance's API key, its env values from
-    `{file: …}` or `{env: …}`), wherever it appears, whatever its name.
+    `{file: …}`, `{env: …}` or `!vault`), wherever it appears, whatever its name.
 
 `read_api_key` reads an instance's key file as the roles read it; `read_secret` a declared secret's value
 as the roles' lookups read it. `redact_argv` works on a split command
@@ -282,12 +282,17 @@ def _replace_anywhere(text: str, values: Iterable[str]) -> str:
     return text
 
 
-def read_secret(source: Mapping[str, str]) -> str:
+def read_secret(source: Mapping[str, str], name: str = "NAME") -> str:
     """A declared secret's value as the roles' lookups read it: `{file: PATH}` as Ansible's file lookup
-    (`read_api_key`), `{env: NAME}` the controller's environment variable. Raises OSError,
-    UnicodeDecodeError, or KeyError for an unset variable."""
+    (`read_api_key`), `{env: NAME}` the controller's environment variable, `{vault: TEXT}` decrypted with
+    ansible-playbook's vault password (provisioner/vault.py; `name` goes into its fix). Raises OSError,
+    UnicodeDecodeError, KeyError for an unset variable, or vault.VaultProblem."""
     if source.get("file") is not None:
         return read_api_key(source["file"])
+    if source.get("vault") is not None:
+        from provisioner.vault import decrypt  # Ansible's vault library, only for a vault-encrypted secret
+
+        return decrypt(source["vault"], name)
     return os.environ[source["env"]]
 
 

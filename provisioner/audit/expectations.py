@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from provisioner.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
+from provisioner.inventory import secret_sources
 from provisioner.module_utils import driver_state, systemd_dropins
 from provisioner.monitoring import duration_seconds, expected_targets
 from provisioner.paths import role_dir
@@ -311,8 +312,8 @@ def time_span(seconds: int) -> str:
 def env_file_sha256(variables: dict[str, Any], entry: dict[str, Any]) -> str:
     """sha256 of the env file as the role renders it, with the real key and secrets (never shown; only its hash)."""
     unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": "",
-                      "vllm_service_secret_env": {name: read_secret(source)
-                                                  for name, source in entry.get("secret_env", {}).items()}}
+                      "vllm_service_secret_env": {name: read_secret(source, name)
+                                                  for name, source in secret_sources(variables, entry).items()}}
     if entry.get("api_key_file"):
         # as Ansible's file lookup reads it: trailing whitespace off
         unit_variables["vllm_service_api_key"] = read_api_key(entry["api_key_file"])

@@ -28,7 +28,8 @@ def parse_yaml(text: str, source_name: str = "spec") -> Any:
         what = error.problem or "invalid YAML"
         if error.context:
             what = f"{what} ({error.context})"
-        fix = "remove one of them" if what.startswith("duplicate key") else "fix the YAML syntax"
+        fix = "remove one of them" if what.startswith("duplicate key") else \
+            "remove the tag" if what.startswith("unknown tag") else "fix the YAML syntax"
         raise SpecError([Problem(where, f"{what} — {fix}")]) from None
     except RecursionError:
         raise SpecError([Problem(source_name, "values nested too deeply to read — a spec nests a few levels; "
@@ -57,6 +58,31 @@ class _NoDuplicateKeys(yaml.constructor.SafeConstructor):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+VAULT_TAG = "!vault"
+
+
+def _construct_vault(loader: yaml.constructor.SafeConstructor, node: yaml.Node) -> dict[str, str]:
+    """`NAME: !vault |` then the $ANSIBLE_VAULT block, as `ansible-vault encrypt_string --name NAME` prints it:
+    the secret declared as `{vault: TEXT}` (models.SecretValue), whatever field it is written in (a field that
+    takes no mapping refuses it)."""
+    if not isinstance(node, yaml.ScalarNode):
+        raise yaml.constructor.ConstructorError(
+            None, None, "!vault takes the text `ansible-vault encrypt_string` prints, not a list or mapping",
+            node.start_mark)
+    return {"vault": loader.construct_scalar(node)}
+
+
+def _unknown_tag(loader: yaml.constructor.SafeConstructor, node: yaml.Node) -> None:
+    """A tag the spec does not take (`!!python/object`, Ansible's `!unsafe`…): refused, named, at its line."""
+    raise yaml.constructor.ConstructorError(
+        None, None, f"unknown tag '{node.tag}' (the spec takes only {VAULT_TAG}, for a value `ansible-vault "
+                    "encrypt_string` encrypted)", node.start_mark)
+
+
+_NoDuplicateKeys.add_constructor(VAULT_TAG, _construct_vault)
+_NoDuplicateKeys.add_constructor(None, _unknown_tag)
 
 
 class _StrictLoader(_NoDuplicateKeys, yaml.SafeLoader):

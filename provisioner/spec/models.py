@@ -23,12 +23,14 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from provisioner.module_utils import value_rules
 from provisioner.spec.wording import literal, show
+from provisioner.vault import is_vault_text
 from provisioner.vllm.builds import build_of
 from provisioner.vllm.profiles import profile_env, profile_options
 
@@ -471,11 +473,24 @@ class SecretValue(_Model):
                                   "trailing whitespace off, is the value")
     env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                             description="an environment variable of the controller (read by plan, apply and audit)")
+    vault: str | None = Field(None, description="the value encrypted with Ansible Vault, as `ansible-vault "
+                              "encrypt_string` prints it (`NAME: !vault |` then the $ANSIBLE_VAULT block); the "
+                              "controller decrypts it with ansible-playbook's password (ANSIBLE_VAULT_PASSWORD_FILE)")
+
+    @field_validator("vault")
+    @classmethod
+    def _vault_text(cls, value: str | None) -> str | None:
+        if value is not None and not is_vault_text(value):
+            raise _invalid("vault_text", "not a vault-encrypted value (it starts with $ANSIBLE_VAULT;) — paste what "
+                                         "`ansible-vault encrypt_string --name NAME` prints")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretValue:
-        if (self.file is None) == (self.env is None):
-            raise _invalid("secret_source", "give one of file: or env: — e.g. {file: secrets/db.pass} or {env: DB_PASS}")
+        if sum(source is not None for source in (self.file, self.env, self.vault)) != 1:
+            raise _invalid("secret_source", "give one of file:, env: or vault: — e.g. {file: secrets/db.pass}, "
+                                            "{env: DB_PASS}, or `DB_PASS: !vault |` as `ansible-vault encrypt_string "
+                                            "--name DB_PASS` prints it")
         return self
 
 
@@ -509,7 +524,7 @@ class Instance(_Model):
     )
     env: dict[str, EnvValue] = Field(
         default_factory=dict, description="extra environment variables: a string, or a secret declared as "
-                                          "{file: PATH} or {env: NAME} (it goes into the 0600 env file only)")
+                                          "{file: PATH}, {env: NAME} or `!vault |` (it goes into the 0600 env file only)")
     api_key_file: SpecPath | None = Field(
         None, description="file (relative to the spec) whose content becomes VLLM_API_KEY; null: no key"
     )

@@ -1,5 +1,6 @@
 """Secrets by declaration: an instance's env value is secret because the spec says where it comes from
-(`{file: PATH}` or `{env: NAME}`, models.SecretValue), never written in the spec. These checks refuse an inline
+(`{file: PATH}` or `{env: NAME}`, models.SecretValue) or holds it vault-encrypted (`!vault |`, decrypted with
+ansible-playbook's vault password: provisioner/vault.py), never in clear. These checks refuse an inline
 value whose name looks secret, and a declared secret the controller cannot read or the env file cannot hold;
 `declare_secrets` hands every declared value to provisioner/secrets.py, which redacts it wherever it appears.
 No message shows a value: they name the field and where the value comes from."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 
 from provisioner.secrets import declare_secret, is_secret_name, read_secret
+from provisioner.vault import VaultProblem
 from provisioner.spec.errors import Problem
 from provisioner.spec.models import SecretValue, Spec
 from provisioner.spec.parts import SpecParts, present
@@ -24,8 +26,9 @@ def inline_secret_problem(name: str, value: str | SecretValue) -> str | None:
         return None
     return (f"'{name}' looks like a secret, and its value is written in the spec (plan, the inventory and the unit "
             f"would hold it in clear) — declare where it comes from instead: `{name}: {{file: "
-            f"secrets/{name.lower()}}}` (a file beside the spec, mode 0600) or `{name}: {{env: {name}}}` (the "
-            "controller's environment when plan, apply and audit run)")
+            f"secrets/{name.lower()}}}` (a file beside the spec, mode 0600), `{name}: {{env: {name}}}` (the "
+            f"controller's environment when plan, apply and audit run) or the value encrypted: `{name}: !vault |` "
+            f"as `ansible-vault encrypt_string --name {name}` prints it")
 
 
 def secret_source_problems(parts: SpecParts) -> list[Problem]:
@@ -34,16 +37,19 @@ def secret_source_problems(parts: SpecParts) -> list[Problem]:
     problems = []
     for index, instance in present(parts.instances):
         for name, source in instance.secret_env.items():
-            message = _source_problem(source)
+            message = _source_problem(name, source)
             if message:
                 problems.append(Problem(f"instances[{index}].env.{name}", message))
     return problems
 
 
-def _source_problem(source: SecretValue) -> str | None:
-    where = f"the file {source.file}" if source.file else f"the controller's environment variable {source.env}"
+def _source_problem(name: str, source: SecretValue) -> str | None:
+    where = f"the file {source.file}" if source.file else f"the controller's environment variable {source.env}" \
+        if source.env else "the !vault block"
     try:
-        value = read_secret(source.model_dump())
+        value = read_secret(source.model_dump(), name)
+    except VaultProblem as problem:
+        return f"vault-encrypted, and {problem}"
     except KeyError:
         return (f"{source.env} is not set in the controller's environment — export it before running provision "
                 "(and ansible-playbook), or declare {file: PATH}")
@@ -67,7 +73,7 @@ def declared_secret_values(spec: Spec) -> list[str]:
         for source in sources:
             try:
                 values.append(read_secret(source))
-            except (OSError, UnicodeDecodeError, KeyError):
+            except (OSError, UnicodeDecodeError, KeyError, VaultProblem):
                 continue  # reported by the checks above
     return values
 

@@ -1,9 +1,9 @@
 """No secret appears in any output: plan, apply (--check --diff, first and second run), audit (spec and
 profile mode: table, JSON, JUnit) and bench (its output and its result files), against one real test host.
 
-Distinct secrets are planted everywhere one can be: the spec's api_key_file and two env secrets it
-declares (HF_TOKEN from a file, DB_CONN, a name no rule finds secret, from the controller's environment) of
-the instance apply builds, and, on the same host, two vLLM servers we did not build, as
+Distinct secrets are planted everywhere one can be: the spec's api_key_file and three env secrets it
+declares (HF_TOKEN from a file, DB_CONN, a name no rule finds secret, from the controller's environment, S3_CONN,
+another, vault-encrypted in the spec as `ansible-vault encrypt_string` prints it) of the instance apply builds, and, on the same host, two vLLM servers we did not build, as
 profile mode finds them: a unit started with `--api-key K1 "K2"` (vLLM takes one or more keys),
 `Environment=VLLM_API_KEY=K3` and an EnvironmentFile with HF_TOKEN, and a unit running
 `bash -c '… --api-key=K4'`. Every output is captured, and every file `provision inventory` writes, and searched for each secret (also with its
@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -35,6 +36,7 @@ SECRETS = {
     "api_key_file": "sk-spec-keyfile-1111",
     "spec env HF_TOKEN": "hf-spec-env-2222",
     "spec env DB_CONN": "db-spec-controller-env-8888",
+    "spec env S3_CONN (vault)": "s3-spec-vault-9999",
     "--api-key first": "sk-profile-first-3333",
     "--api-key second (quoted)": "sk-profile-second-4444",
     "Environment=VLLM_API_KEY": "sk-profile-env-5555",
@@ -42,6 +44,8 @@ SECRETS = {
     "EnvironmentFile HF_TOKEN": "hf-profile-envfile-7777",
 }
 DB_CONN_VARIABLE = "VP_LAB_SECRETS_DB_CONN"  # the controller's environment variable DB_CONN is declared from
+VAULT_PASSWORD = "lab-vault-password-0"  # in a file ANSIBLE_VAULT_PASSWORD_FILE names (not a secret the outputs hide)
+VAULT_PASSWORD_FILE = Path(tempfile.gettempdir()) / f"vp-lab-secrets-vault-{os.getpid()}"  # removed by `outputs`
 MODEL = "facebook/opt-125m"
 HAND_UNIT = f"""\
 [Unit]
@@ -70,8 +74,10 @@ WantedBy=multi-user.target
 def run(*args, timeout: int = 900) -> subprocess.CompletedProcess:
     started = time.monotonic()
     result = subprocess.run([*PROVISION, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                            # one table row a line: the checks below read it
-                            env={**os.environ, "COLUMNS": "320", DB_CONN_VARIABLE: SECRETS["spec env DB_CONN"]})
+                            # one table row a line: the checks below read it; the vault password as
+                            # ansible-playbook reads it (provision and the ansible-playbook it runs)
+                            env={**os.environ, "COLUMNS": "320", DB_CONN_VARIABLE: SECRETS["spec env DB_CONN"],
+                                 "ANSIBLE_VAULT_PASSWORD_FILE": str(VAULT_PASSWORD_FILE)})
     print(f"provision {args[0]}: {time.monotonic() - started:.1f} s")
     return result
 
@@ -88,9 +94,11 @@ def outputs(lab, tmp_path_factory):
     (folder / "hf_token").write_text(SECRETS["spec env HF_TOKEN"] + "\n")
     install_standin(host)
     env = {"HF_TOKEN": {"file": str(folder / "hf_token")}, "DB_CONN": {"env": DB_CONN_VARIABLE}}
+    env["S3_CONN"] = VAULT_PLACEHOLDER
     spec = write_spec(folder / "spec.yml", [host_entry(host)], [instance_entry(
         host, "chat", 8000, share=0.9, api_key_file=str(key_file), env=env,
         options={"max-model-len": 4096, "max-num-seqs": 4, "tokenizer": str(tokenizer)})])
+    paste_vault_string(spec, "S3_CONN", SECRETS["spec env S3_CONN (vault)"])
     captured: dict[str, subprocess.CompletedProcess] = {}
     files: dict[str, Path] = {}
     try:
@@ -104,7 +112,7 @@ def outputs(lab, tmp_path_factory):
         captured["apply again"] = run("apply", "--spec", spec, "--diff")
         captured["host env file"] = host.ssh("stat -c '%a %U:%G' /etc/vllm/chat.env; "
                                              "tr '\\0' '\\n' < /proc/$(systemctl show vllm-chat -p MainPID --value)/environ"
-                                             " | grep -E '^(HF_TOKEN|DB_CONN)=' | sort", check=False)
+                                             " | grep -E '^(HF_TOKEN|DB_CONN|S3_CONN)=' | sort", check=False)
         captured["host unit"] = host.ssh("cat /etc/systemd/system/vllm-chat.service", check=False)
         plant_servers(host, folder)
         files.update({"spec audit JSON": folder / "spec.json", "spec audit JUnit": folder / "spec.xml"})
@@ -125,8 +133,28 @@ def outputs(lab, tmp_path_factory):
                       if path.is_file()})
         yield captured, {name: path.read_text(encoding="utf-8") for name, path in files.items()}
     finally:
+        VAULT_PASSWORD_FILE.unlink(missing_ok=True)
         disconnect([lab_connection(host)])
         lab.destroy(host)
+
+
+VAULT_PLACEHOLDER = "@@vault@@"
+
+
+def paste_vault_string(spec: Path, name: str, value: str) -> None:
+    """`NAME: !vault |` and the $ANSIBLE_VAULT block, as `ansible-vault encrypt_string --name NAME` prints it,
+    pasted into the spec in the placeholder's place (indented under the key, as a user re-indents it)."""
+    VAULT_PASSWORD_FILE.write_text(VAULT_PASSWORD + "\n")
+    VAULT_PASSWORD_FILE.chmod(0o600)
+    printed = subprocess.run([str(Path(sys.executable).with_name("ansible-vault")), "encrypt_string", "--name", name,
+                              "--vault-password-file", str(VAULT_PASSWORD_FILE), value],
+                             capture_output=True, text=True, check=True).stdout
+    assert printed.startswith(f"{name}: !vault |\n") and value not in printed, printed
+    text = spec.read_text()
+    (line,) = [line for line in text.splitlines() if VAULT_PLACEHOLDER in line]
+    indent = " " * (len(line) - len(line.lstrip()))
+    block = "\n".join(f"{indent}  {part.strip()}" for part in printed.splitlines()[1:] if part.strip())
+    spec.write_text(text.replace(line, f"{indent}{name}: !vault |\n{block}"))
 
 
 def plant_servers(host, folder: Path) -> None:
@@ -180,17 +208,21 @@ def test_plan_and_apply_show_what_they_do_with_the_keys_redacted(outputs):
     assert re.search(r"VLLM_API_KEY=<redacted: 20 bytes from \S+chat.key>", plan)  # the env file
     assert re.search(r"HF_TOKEN=<redacted: 16 bytes from \S+hf_token>", plan)
     assert f"DB_CONN=<redacted: from the controller's ${DB_CONN_VARIABLE}>" in plan
+    assert "S3_CONN=<redacted: vault-encrypted in the spec>" in plan
     # the diff of the unit file that would be written: every other line as it is
     check = captured["apply --check --diff"].stdout
     assert "+Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in check and "HF_TOKEN" not in check.split("chat.env")[0]
 
 
 def test_the_secrets_reach_the_server_through_the_0600_env_file_alone(outputs):
-    """Role vllm_service read them on the controller (Ansible's file and env lookups) into the env file."""
+    """Role vllm_service read them on the controller (Ansible's file and env lookups, the vault-encrypted one
+    decrypted by ansible-playbook with the password provision apply passed on) into the env file."""
     captured, _ = outputs
     assert captured["host env file"].stdout.splitlines() == [
-        "600 root:root", f"DB_CONN={SECRETS['spec env DB_CONN']}", f"HF_TOKEN={SECRETS['spec env HF_TOKEN']}"]
-    assert "HF_TOKEN" not in captured["host unit"].stdout and "DB_CONN" not in captured["host unit"].stdout
+        "600 root:root", f"DB_CONN={SECRETS['spec env DB_CONN']}", f"HF_TOKEN={SECRETS['spec env HF_TOKEN']}",
+        f"S3_CONN={SECRETS['spec env S3_CONN (vault)']}"]
+    for name in ("HF_TOKEN", "DB_CONN", "S3_CONN"):
+        assert name not in captured["host unit"].stdout
 
 
 def test_the_inventory_holds_where_the_secrets_come_from_for_its_owner_alone(outputs):
@@ -198,6 +230,9 @@ def test_the_inventory_holds_where_the_secrets_come_from_for_its_owner_alone(out
     assert captured["inventory"].returncode == 0, captured["inventory"].stderr
     (host_vars,) = [text for name, text in files.items() if name.startswith("inventory inventory/host_vars/")]
     assert "HF_TOKEN:\n        file: " in host_vars and f"DB_CONN:\n        env: {DB_CONN_VARIABLE}" in host_vars
+    # the vault-encrypted one still encrypted, as Ansible reads it (the value itself: test_no_output_holds_a_secret)
+    assert "S3_CONN:\n        vault: true\n" in host_vars
+    assert "vllm_service_vault_secrets:\n  chat:\n    S3_CONN: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n" in host_vars
 
 
 def test_the_audit_fails_a_world_readable_dropin_holding_a_declared_secret(outputs):

@@ -15,7 +15,7 @@ LAYERS = [  # bottom first: a module's layer is the first entry that names it or
     ["provisioner.addresses", "provisioner.paths", "provisioner.secrets", "provisioner.files", "provisioner.module_utils",
      "provisioner.file_formats", "provisioner.hostkeys", "provisioner.unreachable", "provisioner.runlog",
      "provisioner.spec_lock", "provisioner.signals", "provisioner.ansible_config", "provisioner.ansible_plugins",
-     "provisioner.rollout"],
+     "provisioner.rollout", "provisioner.vault"],
     ["provisioner.vllm", "provisioner.gpu"],
     ["provisioner.spec"],
     ["provisioner.selection", "provisioner.inventory", "provisioner.monitoring", "provisioner.dashboards", "provisioner.remote"],

@@ -88,22 +88,35 @@ def test_nasty_values_render_as_ansible_renders_them():
 
 def test_the_roles_lookups_write_the_declared_secrets_the_audit_expects(tmp_path, monkeypatch):
     """Role vllm_service's `_vllm_service_secret_env` (vars/main.yml), rendered by Ansible from the inventory's
-    `secret_env` (a file, the controller's environment), fills the env file with the values the audit hashes."""
+    `secret_env` (a file, the controller's environment, a vault-encrypted value as Ansible reads the inventory's
+    `!vault`), fills the env file with the values the audit hashes."""
+    from ansible.parsing.vault import EncryptedString, VaultLib, VaultSecret, VaultSecretsContext
+
     (tmp_path / "db_conn").write_text("db-conn-value-4e2\n")
+    (tmp_path / "vault.pass").write_text("role-vault-password\n")
     monkeypatch.setenv("VP_TEST_ROLE_PAT", "pat-value-9a7")
-    env = {"DB_CONN": {"file": "db_conn"}, "GITHUB_PAT": {"env": "VP_TEST_ROLE_PAT"}}
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(tmp_path / "vault.pass"))
+    secret = VaultSecret(b"role-vault-password")
+    monkeypatch.setattr(VaultSecretsContext, "_current", VaultSecretsContext([("default", secret)]))
+    vaulted = VaultLib().encrypt("s3-conn-value-5b8", secret).decode()
+    env = {"DB_CONN": {"file": "db_conn"}, "GITHUB_PAT": {"env": "VP_TEST_ROLE_PAT"}, "S3_CONN": {"vault": vaulted}}
     spec = validate_spec(spec_data(instances=[instance("chat", 8000, env=env)]), base_dir=tmp_path)
     host = spec.hosts[0]
     variables = host_variables(host, spec.instances_on(host.name))
     entry = variables["vllm_service_instances"][0]
+    assert entry["secret_env"]["S3_CONN"] == {"vault": True}  # the ciphertext is apart from the entry
+    # as Ansible's loader reads the inventory's `!vault` scalar
+    vault_secrets = {"chat": {"S3_CONN": EncryptedString(ciphertext=str(variables["vllm_service_vault_secrets"]["chat"]["S3_CONN"]))}}
     init_plugin_loader()  # the lookups are plugins
     role_vars = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())
-    unit_variables = {**variables, "vllm_service_instance": entry, "vllm_service_api_key": "",
+    unit_variables = {**variables, "vllm_service_vault_secrets": vault_secrets,
+                      "vllm_service_instance": entry, "vllm_service_api_key": "",
                       "_vllm_service_secret_sources": trust_as_template(role_vars["_vllm_service_secret_sources"])}
     secret_env = Templar(loader=DataLoader(), variables=unit_variables).template(
         trust_as_template(role_vars["_vllm_service_secret_env"]))
-    assert secret_env == {"DB_CONN": "db-conn-value-4e2", "GITHUB_PAT": "pat-value-9a7"}
+    assert secret_env == {"DB_CONN": "db-conn-value-4e2", "GITHUB_PAT": "pat-value-9a7", "S3_CONN": "s3-conn-value-5b8"}
     rendered = ansible_render(ROLES_DIR / "vllm_service/templates/vllm-instance.env.j2",
                               {**unit_variables, "vllm_service_secret_env": secret_env})
-    assert rendered.splitlines()[-2:] == ["DB_CONN=db-conn-value-4e2", "GITHUB_PAT=pat-value-9a7"]
+    assert rendered.splitlines()[-3:] == ["DB_CONN=db-conn-value-4e2", "GITHUB_PAT=pat-value-9a7",
+                                          "S3_CONN=s3-conn-value-5b8"]
     assert hashlib.sha256(rendered.encode()).hexdigest() == env_file_sha256(variables, entry)

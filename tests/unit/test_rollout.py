@@ -49,10 +49,14 @@ def test_the_hosts_play_runs_in_the_rollouts_batches_and_nothing_else_changes_wi
     turn = [task for task in hosts_play["pre_tasks"] + hosts_play["post_tasks"] if "rollout" in str(task)]
     assert [task["ansible.builtin.include_role"]["tasks_from"] for task in turn] == ["renew.yml", "start.yml",
                                                                                       "finish.yml"]
-    # the lock: every host of the run, before the first batch and after the last play
-    assert [(play["hosts"], play["tasks"][0]["ansible.builtin.import_role"]["tasks_from"])
-            for play in (take, give_back)] == [("vllm_hosts:gateway:monitoring", "acquire.yml"),
-                                               ("vllm_hosts:gateway:monitoring", "release.yml")]
+    # the lock: every host of the run, before the first batch and after the last play; before it, on every host
+    # at once, the one check that changes nothing: the vault-encrypted secrets decrypt (role vllm_service)
+    check, *take_tasks = take["tasks"]
+    assert check["ansible.builtin.include_role"] == {"name": "vllm_provision.gpu_host.vllm_service",
+                                                     "tasks_from": "secrets-check.yml", "apply": {"tags": ["always"]}}
+    assert [(play["hosts"], tasks[0]["ansible.builtin.import_role"]["tasks_from"])
+            for play, tasks in ((take, take_tasks), (give_back, give_back["tasks"]))] == [
+        ("vllm_hosts:gateway:monitoring", "acquire.yml"), ("vllm_hosts:gateway:monitoring", "release.yml")]
     assert "serial" not in take
     assert all(task["when"] == "rollout_batches | default([], true) | length > 0" for task in turn)
     assert "serial" not in gateways_play  # after the batches, once

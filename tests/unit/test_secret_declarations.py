@@ -55,13 +55,15 @@ def test_a_secret_is_declared_by_where_it_comes_from(tmp_path, monkeypatch):
     (chat,) = validate_spec(data, base_dir=tmp_path).instances
     assert chat.serve_env == {"PLAIN": "1"}
     assert {name: source.model_dump() for name, source in chat.secret_env.items()} == {
-        "DB_PASS": {"file": str(tmp_path / "db.pass"), "env": None}, "GITHUB_PAT": {"file": None, "env": VARIABLE}}
+        "DB_PASS": {"file": str(tmp_path / "db.pass"), "env": None, "vault": None},
+        "GITHUB_PAT": {"file": None, "env": VARIABLE, "vault": None}}
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ({"file": "a", "env": "B"}, "instances[0].env.X: give one of file: or env:"),
-    ({}, "instances[0].env.X: give one of file: or env:"),
-    ({"vault": "x"}, "instances[0].env.X.vault: unknown key"),
+    ({"file": "a", "env": "B"}, "instances[0].env.X: give one of file:, env: or vault:"),
+    ({}, "instances[0].env.X: give one of file:, env: or vault:"),
+    ({"vault": "x"}, "instances[0].env.X.vault: not a vault-encrypted value"),
+    ({"secret": "x"}, "instances[0].env.X.secret: unknown key"),
     ({"env": "not a name"}, "instances[0].env.X.env: String should match pattern"),
     (1, "instances[0].env.X: expected a string, got 1"),
 ])
@@ -76,6 +78,7 @@ def test_an_inline_value_whose_name_looks_secret_is_refused_with_the_syntax_to_u
     (problem,) = problems
     assert problem.startswith(f"instances[0].env.{name}: '{name}' looks like a secret")
     assert f"`{name}: {{file: secrets/{name.lower()}}}`" in problem and f"`{name}: {{env: {name}}}`" in problem
+    assert f"`{name}: !vault |` as `ansible-vault encrypt_string --name {name}` prints it" in problem
     assert "in-clear-9b1" not in problem
 
 
