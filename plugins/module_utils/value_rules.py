@@ -123,6 +123,11 @@ def host_port(address: str, port: int) -> str:
     return f"{bracketed(address)}:{port}"
 
 
+# what the roles' templates write addresses with (plugins/filter/value_rules.py:
+# `address | vllm_provision.gpu_host.host_port(port)`; provision plan's plain Jinja2 registers them by the same names)
+FILTERS = {"host_port": host_port, "bracketed": bracketed}
+
+
 # --------------------------------------------------------------------------- names
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"  # a host's or an instance's name, lowercase (its length: cross_checks)

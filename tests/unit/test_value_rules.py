@@ -20,7 +20,7 @@ from provisioner.paths import ROLES_DIR, collections_dir
 from provisioner.secrets import read_api_key
 from provisioner.spec import SpecError, validate_spec
 from provisioner.tune.slo import SloError, parse_slo
-from tests.unit.conftest import host, instance, problems_of, spec_data
+from tests.unit.conftest import UUID1, host, instance, problems_of, spec_data
 
 HOSTILE_NUMBERS = ["9" * 40, "9" * 400, "١٦", "16\n", " 16", "-16", "0", "", "inf", "nan", "1e3", "16.5", "0x10"]
 
@@ -130,6 +130,75 @@ def test_every_scrape_target_of_an_ipv6_host_is_bracketed():
     spec = validate_spec({**data, "monitoring": {"gpu_metrics": "dcgm"}})
     assert sorted(target.address for target in monitoring.targets(spec)) == [
         "[2001:db8::11]:8000", "[2001:db8::11]:9100", "[2001:db8::11]:9400"]
+
+
+def _ipv6_gateway_spec(tmp_path):
+    """A gateway on an IPv6 host (listening on ::) over a replica on an IPv4 host and one on an IPv6 host."""
+    other_gpu = {"devices": [{"index": 0, "uuid": UUID1, "model": "NVIDIA GeForce RTX 4070"}]}
+    hosts = [host("gpu-a", "192.0.2.21"), host("gpu-b", "2001:db8::22", gpus=other_gpu),
+             {"name": "edge", "address": "2001:db8::30"}]
+    instances = [instance("qwen-a", 8000, on="gpu-a", bind="0.0.0.0"), instance("qwen-b", 8001, on="gpu-b", bind="::")]
+    data = {"version": 1, "hosts": hosts, "instances": instances,
+            "gateways": [{"name": "public", "host": "edge", "bind": "::"}], "monitoring": {"gpu_metrics": "dcgm"}}
+    return validate_spec(data, base_dir=tmp_path)
+
+
+def test_the_gateway_writes_every_host_port_through_the_rule_as_ansible_renders_it(tmp_path):
+    from provisioner.plan import build_plan
+    from provisioner.roles import host_variables
+    from tests.unit.test_plan_matches_ansible import ansible_render
+
+    spec = _ipv6_gateway_spec(tmp_path)
+    (plan,) = build_plan(spec, ["edge"])
+    rendered = ansible_render(ROLES_DIR / "gateway/templates/haproxy.cfg.j2",
+                              {**host_variables(spec.host("edge"), [], spec), "gateway_api_keys": {}})
+    assert rendered == plan.gateway_file.content  # the collection's filter in Ansible, the same rule in plan
+    lines = [line.strip() for line in rendered.splitlines()]
+    assert [line for line in lines if line.startswith(("bind ", "server "))] == [
+        "bind " + value_rules.host_port("::", 8080),
+        "server qwen-a " + value_rules.host_port("192.0.2.21", 8000),
+        "server qwen-b " + value_rules.host_port("2001:db8::22", 8001)]
+    assert "server qwen-b [2001:db8::22]:8001" in lines and "server qwen-a 192.0.2.21:8000" in lines
+    assert [(route.url, route.replicas) for route in plan.routes] == [
+        ("http://[2001:db8::30]:8080/v1", ["qwen-a 192.0.2.21:8000", "qwen-b [2001:db8::22]:8001"])]
+
+
+@pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy (Debian's package) is not installed")
+def test_haproxy_reads_the_gateway_config_of_an_ipv6_and_an_ipv4_replica(tmp_path):
+    from provisioner.plan import build_plan
+
+    (plan,) = build_plan(_ipv6_gateway_spec(tmp_path), ["edge"])
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(plan.gateway_file.content)
+    checked = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the check can fail: a server written address and port without a colon is refused
+    config.write_text(plan.gateway_file.content.replace("[2001:db8::22]:8001", "[2001:db8::22]8001"))
+    assert subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, timeout=60).returncode != 0
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool (Debian's prometheus) is not installed")
+def test_prometheus_reads_each_ipv6_target_as_its_address_and_port(tmp_path):
+    from urllib.parse import urlsplit
+
+    spec = _ipv6_gateway_spec(tmp_path)
+    monitoring.export(spec, tmp_path / "prometheus")
+    config = tmp_path / "prometheus" / "prometheus.yml"
+    checked = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    expected = {target.address for target in monitoring.targets(spec)}
+    # each job's targets as Prometheus labels them after its discovery (promtool waits --timeout for more)
+    jobs = [scrape["job_name"] for scrape in yaml.safe_load(config.read_text())["scrape_configs"]]
+    shown = [subprocess.Popen(["promtool", "check", "service-discovery", "--timeout=5s", "prometheus.yml", job],
+                              cwd=config.parent, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for job in jobs]
+    found = {target["labels"]["__address__"]
+             for process in shown for target in json.loads(process.communicate(timeout=60)[0])}
+    assert found == expected and "[2001:db8::22]:9400" in found
+    # what the scraper dials: scheme://__address__/metrics, read back to the spec's address and port
+    hosts = {host.name: host.address for host in spec.hosts}
+    for target in monitoring.targets(spec):
+        url = urlsplit(f"http://{target.address}/metrics")
+        assert (url.hostname, url.port) == (hosts[target.labels["host"]], int(target.address.rsplit(":", 1)[1]))
 
 
 # --------------------------------------------------------------------------- names
@@ -279,6 +348,17 @@ def test_the_shm_and_node_exporter_preflights_take_exactly_what_the_spec_takes(t
     fixed = {"node_exporter_port": 9100, "node_exporter_dcgm_port": 9400}
     assert _preflight_results(tmp_path, "node_exporter", "node_exporter_gpu_interval", durations, fixed) == [
         value_rules.duration_problem(duration) is None for duration in durations]
+
+
+def test_the_gateway_preflight_takes_exactly_the_replica_addresses_the_spec_takes(tmp_path):
+    addresses = ["192.0.2.21", "2001:db8::22", "gpu-b.example.org", "[2001:db8::22]", "fe80::1%eth0", "gpu b", "::"]
+    frontends = [[{"name": "public", "bind": "::", "port": 8080, "tls_certificate": None, "routes": [
+        {"model": "m", "backend": "public-0", "api_key_file": None,
+         "servers": [{"name": "qwen-a", "address": address, "port": 8000}]}]}] for address in addresses]
+    role_vars = yaml.safe_load((ROLES_DIR / "gateway/vars/main.yml").read_text())
+    fixed = {name: role_vars[name] for name in ("_gateway_routes", "_gateway_servers")}
+    assert _preflight_results(tmp_path, "gateway", "gateway_frontends", frontends, fixed) == [
+        value_rules.address_problem(address) is None for address in addresses]
 
 
 @pytest.mark.parametrize("term", ["ttft_p99<=" + "9" * 400 + "ms", "ttft_p99<=0ms", "ttft_p99<=3601s",
