@@ -20,6 +20,7 @@ from provisioner.paths import ROLES_DIR, collections_dir
 from provisioner.secrets import read_api_key
 from provisioner.spec import SpecError, validate_spec
 from provisioner.tune.slo import SloError, parse_slo
+from provisioner.vllm.flags import load_catalog, read_value, supported_versions, value_problem
 from tests.unit.conftest import UUID1, host, instance, problems_of, spec_data
 
 HOSTILE_NUMBERS = ["9" * 40, "9" * 400, "١٦", "16\n", " 16", "-16", "0", "", "inf", "nan", "1e3", "16.5", "0x10"]
@@ -92,6 +93,24 @@ def test_the_spec_takes_prometheus_s_own_form_and_refuses_a_40_digit_interval():
     assert validate_spec({**data, "monitoring": {"scrape_interval": "1m30s"}}).monitoring.scrape_interval == "1m30s"
     (problem,) = problems_of({**data, "monitoring": {"scrape_interval": "9" * 40 + "s"}})
     assert problem.startswith("monitoring.scrape_interval: '" + "9" * 40 + "s' is longer than a year — ")
+
+
+@pytest.mark.parametrize("version", supported_versions())
+def test_a_size_and_a_port_the_rules_take_are_what_vllm_s_own_parser_reads_them_as(version):
+    """As the pinned vLLM's parser reads a flag's value (its catalog, recorded from the real parser): a size
+    in bytes as the size rule counts them (K, M, G, T: ×1024ⁿ, human_readable_int's binary units), a port as
+    itself."""
+    catalog = load_catalog(version)
+    sized = catalog.option("kv-cache-memory-bytes")
+    assert sized.kind == "human_int"
+    for size in ["1K", "512M", "16G", "2T", "1024T"]:
+        assert value_rules.size_problem(size) is None
+        assert value_problem(catalog, sized, size) is None
+        assert read_value(sized, size) == value_rules.size_bytes(size), size
+    port = catalog.option("port")
+    for number in [1, 8000, 65535]:
+        assert value_rules.port_problem(number) is None
+        assert value_problem(catalog, port, number) is None and read_value(port, str(number)) == number
 
 
 # --------------------------------------------------------------------------- ports and addresses
@@ -217,6 +236,63 @@ def test_a_gpu_uuid(value):
     assert value_rules.gpu_uuid_problem("GPU-1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b") is None
 
 
+# --------------------------------------------------------------------------- versions
+
+
+def test_a_driver_version_as_nvidia_smi_prints_it_and_of_its_branch():
+    assert [version for version in DRIVER_VERSIONS if value_rules.driver_version_problem(version) is None] == [
+        "580.95.05", "580.95", "575.51.03", "5800.1.1"]
+    assert value_rules.driver_version_problem("575.51.03", "580") == \
+        "575.51.03 is not of branch 580 — give a version of that branch (580.x)"
+    assert value_rules.driver_version_problem("580.95.05", "580") is None
+    assert value_rules.driver_version_problem("5800.95.05", "580")
+    assert value_rules.driver_version_problem(580.95)
+
+
+@pytest.mark.parametrize("value", ["58", "0580", "10000", "580.95", "r580", "580\n", "٥٨٠", 580, None])
+def test_a_driver_branch(value):
+    assert value_rules.driver_branch_problem(value)
+    assert value_rules.driver_branch_problem("580") is None and value_rules.driver_branch_problem("1000") is None
+
+
+def test_a_toolkit_version_as_apt_shows_it():
+    assert [version for version in TOOLKIT_VERSIONS if value_rules.toolkit_version_problem(version) is None] == [
+        "1.18.0-1", "1.18.0~rc.1-1"]
+
+
+def test_a_vllm_version_as_pip_writes_it():
+    assert [version for version in VLLM_VERSIONS if value_rules.vllm_version_problem(version) is None] == [
+        "0.25.0", "0.25.0+cu129", "0.33.0rc1", "0.25.0.post1", "0.25"]
+    assert value_rules.vllm_version_problem("9" * 65)  # bounded
+
+
+def test_every_vllm_version_with_a_catalog_and_each_package_version_is_one_pip_takes():
+    from packaging.version import InvalidVersion, Version
+
+    from provisioner.vllm.builds import builds_of
+
+    package_versions = [f"{version}+{build.variant}" for version in supported_versions()
+                        for build in builds_of(version) if not build.default]
+    for version in [*supported_versions(), *package_versions]:
+        assert value_rules.vllm_version_problem(version) is None, version
+        assert str(Version(version)) == version  # pip reads it as written
+    for version in [version for version in VLLM_VERSIONS if value_rules.vllm_version_problem(version) is None]:
+        assert str(Version(version)) == version  # never one pip refuses or rewrites
+    with pytest.raises(InvalidVersion):
+        Version("0.25.0-x/y")
+
+
+def test_the_spec_uses_the_same_version_rules():
+    data = spec_data()
+    data["hosts"][0]["driver"] = {"source": "nvidia", "branch": "580", "version": "580.95.05\n"}
+    data["hosts"][0]["container_toolkit"] = {"version": "1.18.0~rc1-1"}
+    data["hosts"][0]["vllm"] = {"version": "0.25.0-x"}
+    assert problems_of(data) == [
+        "hosts[0].vllm.version: " + value_rules.vllm_version_problem("0.25.0-x"),
+        "hosts[0].driver.version: " + value_rules.driver_version_problem("580.95.05\n"),
+        "hosts[0].container_toolkit.version: " + value_rules.toolkit_version_problem("1.18.0~rc1-1")]
+
+
 # --------------------------------------------------------------------------- files
 
 
@@ -322,10 +398,13 @@ def test_a_share_is_a_percentage(value):
 # --------------------------------------------------------------------------- the roles' preflights: the same rules
 
 
-def _preflight_results(tmp_path, role: str, variable: str, values: list, fixed: dict) -> list[bool]:
-    """Run role `role`'s first preflight task (real Ansible on localhost) once per value of `variable`;
-    whether it passed, per value."""
-    (task,) = yaml.safe_load((ROLES_DIR / role / "tasks/preflight.yml").read_text())[:1]
+def _preflight_results(tmp_path, role: str, variable: str, values: list, fixed: dict, name: str | None = None
+                       ) -> list[bool]:
+    """Run role `role`'s preflight task `name` (its first without; real Ansible on localhost) once per value of
+    `variable`; whether it passed, per value."""
+    tasks = yaml.safe_load((ROLES_DIR / role / "tasks/preflight.yml").read_text())
+    task = next(task for task in tasks if name in (None, task.get("name")))
+    task = {key: value for key, value in task.items() if key not in ("loop_control", "when")}
     task = {**task, "ignore_errors": True, "register": "checked", "loop": "{{ values }}",
             "vars": {**task.get("vars", {}), variable: "{{ item }}"}}
     playbook = [{"hosts": "localhost", "gather_facts": False, "vars": {"values": values, **fixed}, "tasks": [
@@ -359,6 +438,78 @@ def test_the_gateway_preflight_takes_exactly_the_replica_addresses_the_spec_take
     fixed = {name: role_vars[name] for name in ("_gateway_routes", "_gateway_servers")}
     assert _preflight_results(tmp_path, "gateway", "gateway_frontends", frontends, fixed) == [
         value_rules.address_problem(address) is None for address in addresses]
+
+
+DRIVER_VERSIONS = ["580.95.05", "580.95", "575.51.03", "580", "580.95.05\n", "r580.95", "5800.1.1", "580..1",
+                   "580.95.05.1", "５80.95.05", "580.95.05 ", "0580.95"]
+
+
+def test_the_driver_preflight_takes_exactly_the_versions_and_branches_the_spec_takes(tmp_path):
+    fixed = {"nvidia_driver_branch": "580", "nvidia_driver_minimum_branch": None}
+    assert _preflight_results(tmp_path, "nvidia_driver", "nvidia_driver_version", DRIVER_VERSIONS, fixed,
+                              "Check the settings") == [
+        value_rules.driver_version_problem(version, "580") is None for version in DRIVER_VERSIONS]
+    branches = ["580", "535", "1000", "58", "0580", "580.95", "r580", "58O", "٥٨٠", 580]
+    assert _preflight_results(tmp_path, "nvidia_driver", "nvidia_driver_branch", branches,
+                              {"nvidia_driver_version": None, "nvidia_driver_minimum_branch": None},
+                              "Check the settings") == [
+        value_rules.driver_branch_problem(str(branch)) is None for branch in branches]
+
+
+TOOLKIT_VERSIONS = ["1.18.0-1", "1.18.0~rc.1-1", "1.18.0", "1.18-1", "v1.18.0-1", "1.18.0-1\n", "1.18.0~rc1-1"]
+
+
+def test_the_container_engine_preflight_takes_exactly_the_toolkit_versions_the_spec_takes(tmp_path):
+    fixed = {"container_engine_nvidia_toolkit_manage": True}
+    assert _preflight_results(tmp_path, "container_engine", "container_engine_nvidia_toolkit_version",
+                              TOOLKIT_VERSIONS, fixed, "Check the toolkit's version") == [
+        value_rules.toolkit_version_problem(version) is None for version in TOOLKIT_VERSIONS]
+
+
+VLLM_VERSIONS = ["0.25.0", "0.25.0+cu129", "0.33.0rc1", "0.25.0.post1", "0.25.0-x", "v0.25.0", "0.25.0+CU129",
+                 "0.25.0\n", "0.25", "latest", ""]
+
+
+def test_the_vllm_install_preflight_takes_exactly_the_versions_the_spec_takes(tmp_path):
+    assert _preflight_results(tmp_path, "vllm_install", "vllm_install_version", VLLM_VERSIONS, {}) == [
+        value_rules.vllm_version_problem(version) is None for version in VLLM_VERSIONS]
+
+
+def _vllm_service_check(tmp_path, entries: list[dict]) -> list[bool]:
+    """Role vllm_service's check of each instance, per entry of vllm_service_instances (its vars: the role's)."""
+    role_vars = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())
+    return _preflight_results(tmp_path, "vllm_service", "vllm_service_instance", entries,
+                              {"_vllm_service_owned_options": role_vars["_vllm_service_owned_options"]},
+                              "Check each instance")
+
+
+def _service_entry(**fields) -> dict:
+    return {"name": "chat", "model": "m", "host": "127.0.0.1", "port": 8000, "gpu_uuids": [UUID1],
+            "gpu_memory_utilization": 0.5, "options": {}, "env": {}, "api_key_file": None, **fields}
+
+
+def test_the_vllm_service_preflight_takes_exactly_the_gpu_uuids_and_hosts_the_spec_takes(tmp_path):
+    uuids = [UUID1, UUID1.upper().replace("GPU", "GPU", 1), "GPU-1111", "MIG-" + UUID1[4:], UUID1 + "\n"]
+    hosts = ["127.0.0.1", "::", "2001:db8::11", "[::]", "fe80::1%eth0", "gpu-1.example.org", "a b"]
+    entries = [_service_entry(gpu_uuids=[uuid]) for uuid in uuids] + [_service_entry(host=host) for host in hosts]
+    assert _vllm_service_check(tmp_path, entries) == [
+        *[value_rules.gpu_uuid_problem(uuid) is None for uuid in uuids],
+        *[value_rules.address_problem(host) is None for host in hosts]]
+
+
+def test_the_options_the_role_sets_are_the_ones_the_spec_refuses_and_the_preflight_refuses_them(tmp_path):
+    from provisioner.spec.cross_checks import DEDICATED_OPTIONS
+    from provisioner.spec.models import GROUP_OPTIONS
+
+    owned = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())["_vllm_service_owned_options"]
+    # the spec's: its dedicated fields' options and config; the multi-node launcher's the inventory writes itself
+    assert sorted(owned) == sorted({*DEDICATED_OPTIONS, "config"} - set(GROUP_OPTIONS))
+    refused = [*owned, *[option.replace("-", "_") for option in owned if "-" in option]]
+    for option in refused:
+        (problem,) = problems_of(spec_data(instances=[instance("chat", 8000, options={option: 1})]))
+        assert problem.startswith(f"instances[0].options.{option}: "), problem
+    entries = [_service_entry(options={option: 1}) for option in [*refused, "max-model-len", "max_model_len"]]
+    assert _vllm_service_check(tmp_path, entries) == [False] * len(refused) + [True, True]
 
 
 @pytest.mark.parametrize("term", ["ttft_p99<=" + "9" * 400 + "ms", "ttft_p99<=0ms", "ttft_p99<=3601s",
