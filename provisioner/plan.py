@@ -15,6 +15,7 @@ from provisioner.addresses import is_loopback
 from provisioner.file_formats import compose_environment, env_file_environment, unit_environment
 from provisioner.gpu.topology import multinode_split_warnings, tensor_parallel_p2p_warnings
 from provisioner.memory_plan import GpuMemory, host_memory
+from provisioner.module_utils import value_rules
 from provisioner.preflight import DriverCheck, driver_check, memory_problems
 from provisioner.roles import (
     COMPOSE_UNIT_TEMPLATE,
@@ -30,7 +31,7 @@ from provisioner.roles import (
 )
 from provisioner.secrets import read_api_key
 from provisioner.spec import Host, Instance, Spec
-from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed
+from provisioner.vllm.serve_args import ANY_ADDRESS
 
 
 @dataclass(frozen=True)
@@ -162,9 +163,10 @@ def planned_routes(host: Host, variables: dict[str, Any]) -> list[PlannedRoute]:
     for frontend in variables["gateway_frontends"]:
         scheme = "https" if frontend["tls_certificate"] else "http"
         address = host.address if frontend["bind"] in ANY_ADDRESS else frontend["bind"]
-        url = f"{scheme}://{bracketed(address)}:{frontend['port']}/v1"
+        url = f"{scheme}://{value_rules.host_port(address, frontend['port'])}/v1"
         routes += [PlannedRoute(frontend["name"], url, route["model"],
-                                [f"{server['name']} {server['address']}:{server['port']}" for server in route["servers"]])
+                                [f"{server['name']} {value_rules.host_port(server['address'], server['port'])}"
+                                 for server in route["servers"]])
                    for route in frontend["routes"]]
     return routes
 

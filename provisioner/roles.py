@@ -20,7 +20,8 @@ import yaml
 
 from provisioner.inventory import gateway_vars, host_vars
 from provisioner.monitoring import exporter_vars, prometheus_vars
-from provisioner.paths import role_dir
+from provisioner.module_utils import value_rules
+from provisioner.paths import COLLECTION, role_dir
 from provisioner.spec import Host, Instance, Spec
 
 ROLES = ("sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service",
@@ -107,14 +108,17 @@ def _compiled(role: str, text: str) -> jinja2.Template:
 @cache
 def _environment(role: str) -> jinja2.Environment:
     """Plain Jinja2 set up as Ansible's template module sets it up for a role's template: templates
-    it includes or imports are looked up in the role's templates/ folder, as Ansible looks them up."""
-    return jinja2.Environment(
+    it includes or imports are looked up in the role's templates/ folder, as Ansible looks them up; the
+    collection's filters (plugins/filter/value_rules.py) by the names the templates use."""
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(role_dir(role) / "templates"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    environment.filters.update({f"{COLLECTION}.{name}": rule for name, rule in value_rules.FILTERS.items()})
+    return environment
 
 
 def find_task_args(role: str, module: str, matches: Callable[[dict], bool]) -> dict[str, Any]:

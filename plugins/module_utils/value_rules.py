@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Part of vllm-provision. Shared by the spec (provisioner/spec), the roles' preflights (plugins/test/value_rules.py)
 # and the audit: standard library only.
-"""One rule per kind of value: sizes, durations, ports, addresses, names, files, SLO limits.
+"""One rule per kind of value: sizes, durations, ports, addresses, names, versions, files, SLO limits.
 
 Each rule is a function `<kind>_problem(value) -> str | None`: None where the value is good, else what is
 wrong and how to fix it, without the field's name (the caller knows where the value came from). Where a
@@ -123,6 +123,11 @@ def host_port(address: str, port: int) -> str:
     return f"{bracketed(address)}:{port}"
 
 
+# what the roles' templates write addresses with (plugins/filter/value_rules.py:
+# `address | vllm_provision.gpu_host.host_port(port)`; provision plan's plain Jinja2 registers them by the same names)
+FILTERS = {"host_port": host_port, "bracketed": bracketed}
+
+
 # --------------------------------------------------------------------------- names
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"  # a host's or an instance's name, lowercase (its length: cross_checks)
@@ -140,6 +145,51 @@ def gpu_uuid_problem(value: object) -> str | None:
     if not isinstance(value, str) or not re.fullmatch(GPU_UUID_PATTERN, value, re.ASCII):
         return (f"{value!r} is not a GPU UUID — expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lowercase hex) "
                 "as printed by `nvidia-smi -L`")
+    return None
+
+
+# --------------------------------------------------------------------------- versions
+
+# vLLM's version as pip writes it (PEP 440's release, pre/post/dev parts and a local label: 0.25.0, 0.25.0+cu129)
+VLLM_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*((a|b|rc|\.post|\.dev)[0-9]+)*(\+[a-z0-9]+(\.[a-z0-9]+)*)?$"
+# an NVIDIA driver's branch (the number before the first dot: 580) and a version as nvidia-smi prints it
+DRIVER_BRANCH_PATTERN = r"^[1-9][0-9]{2,3}$"
+DRIVER_VERSION_PATTERN = r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$"  # 580.95.05, 550.120
+# nvidia-container-toolkit's Debian package version, as apt shows it: 1.18.0-1, 1.18.0~rc.1-1
+TOOLKIT_VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$"
+
+
+def _matches(pattern: str, value: object, longest: int = 64) -> bool:
+    return isinstance(value, str) and len(value) <= longest and re.fullmatch(pattern, value, re.ASCII) is not None
+
+
+def vllm_version_problem(value: object) -> str | None:
+    if not _matches(VLLM_VERSION_PATTERN, value):
+        return (f"{value!r} is not a version — write it as pip does, quoted: \"0.25.0\" (\"0.25.0+cu129\": its CUDA "
+                "12.9 build)")
+    return None
+
+
+def driver_branch_problem(value: object) -> str | None:
+    if not _matches(DRIVER_BRANCH_PATTERN, value):
+        return (f"{value!r} is not a driver branch — write the number before the first dot of a driver version, "
+                'quoted (e.g. "580")')
+    return None
+
+
+def driver_version_problem(value: object, branch: str | None = None) -> str | None:
+    """A driver version as nvidia-smi prints it; with `branch`, one of that branch (580.95.05 is of 580)."""
+    if not _matches(DRIVER_VERSION_PATTERN, value):
+        return f'{value!r} is not a driver version — write it as nvidia-smi prints it, quoted (e.g. "580.95.05")'
+    if branch is not None and value.split(".")[0] != str(branch):
+        return f"{value} is not of branch {branch} — give a version of that branch ({branch}.x)"
+    return None
+
+
+def toolkit_version_problem(value: object) -> str | None:
+    if not _matches(TOOLKIT_VERSION_PATTERN, value):
+        return (f"{value!r} is not a version of NVIDIA's toolkit package — write it as apt shows it, quoted "
+                '(e.g. "1.18.0-1")')
     return None
 
 

@@ -8,6 +8,7 @@ plugins/module_utils/value_rules.py, which the spec and the audit use too):
     node_exporter_port | int is vllm_provision.gpu_host.port
     vllm_service_instance.name is vllm_provision.gpu_host.name
     vllm_service_instance.host is vllm_provision.gpu_host.address
+    nvidia_driver_version is vllm_provision.gpu_host.driver_version(nvidia_driver_branch | string)
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ RULES = {
     "address": value_rules.address_problem,
     "name": value_rules.name_problem,
     "gpu_uuid": value_rules.gpu_uuid_problem,
+    "vllm_version": value_rules.vllm_version_problem,
+    "driver_branch": value_rules.driver_branch_problem,
+    "driver_version": value_rules.driver_version_problem,  # (branch): and of that branch
+    "toolkit_version": value_rules.toolkit_version_problem,
 }
 
 
 def _passes(rule):
-    def test(value) -> bool:
-        return rule(value) is None
+    def test(value, *arguments) -> bool:
+        return rule(value, *arguments) is None
 
     return test
 

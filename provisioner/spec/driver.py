@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from provisioner.gpu.architectures import needs_open_modules, older_than_turing
+from provisioner.module_utils import value_rules
 from provisioner.spec.errors import Problem
 from provisioner.spec.models import Container, DriverSettings, Host, Instance
 from provisioner.spec.parts import SpecParts, present
@@ -116,10 +117,10 @@ def driver_problems(parts: SpecParts) -> list[Problem]:
         if driver is None or not driver.manage:
             continue
         where = f"hosts[{index}].driver"
-        if driver.version and not driver.version.startswith(driver.branch + "."):
-            problems.append(Problem(f"{where}.version", (
-                f"{driver.version} is not of branch {driver.branch} — give a version of that branch "
-                f"({driver.branch}.x), or set branch: \"{branch_of(driver.version)}\"")))
+        off_branch = driver.version and value_rules.driver_version_problem(driver.version, driver.branch)
+        if off_branch:
+            problems.append(Problem(f"{where}.version",
+                                    f"{off_branch}, or set branch: \"{branch_of(driver.version)}\""))
         message = _modules_problem(host, driver.modules)
         if message:
             problems.append(Problem(f"{where}.modules", message))

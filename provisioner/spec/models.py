@@ -40,15 +40,15 @@ from provisioner.vllm.profiles import profile_env, profile_options
 NAME_RE = re.compile(value_rules.NAME_PATTERN)
 GPU_UUID_RE = re.compile(value_rules.GPU_UUID_PATTERN)
 SIZE_RE = re.compile(value_rules.SIZE_PATTERN)
-VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]+)?$")
+VERSION_RE = re.compile(value_rules.VLLM_VERSION_PATTERN)  # as pip writes it: 0.25.0
 IMAGE_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 GROUP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # Ansible's rule for group names (a Python identifier)
-BRANCH_RE = re.compile(r"^[1-9][0-9]{2,3}$")  # a driver branch: the number before the first dot (580)
-DRIVER_VERSION_RE = re.compile(r"^[1-9][0-9]{2,3}\.[0-9]+(\.[0-9]+)?$")  # 580.95.05, 550.120
+BRANCH_RE = re.compile(value_rules.DRIVER_BRANCH_PATTERN)  # a driver branch: the number before the first dot (580)
+DRIVER_VERSION_RE = re.compile(value_rules.DRIVER_VERSION_PATTERN)  # 580.95.05, 550.120
 CUDA_RE = re.compile(r"^[1-9][0-9]?\.[0-9]$")  # a CUDA major.minor (12.9, 13.0)
-TOOLKIT_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?-[0-9]+$")  # a package version: 1.18.0-1
+TOOLKIT_VERSION_RE = re.compile(value_rules.TOOLKIT_VERSION_PATTERN)  # a package version: 1.18.0-1
 DURATION_RE = re.compile(value_rules.DURATION_PATTERN)  # Prometheus's duration: 15s, 5m, 1m30s
 # NCCL_SOCKET_IFNAME's forms: interface names or prefixes, comma-separated, `^` excludes, `=` matches exactly
 IFNAME_RE = re.compile(r"^[=^]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")
@@ -84,7 +84,7 @@ def _ruled(rule: Callable[[Any], str | None], kind: str, fix_also: str = "") -> 
 _check_name = _ruled(value_rules.name_problem, "name")
 _check_gpu_uuid = _ruled(value_rules.gpu_uuid_problem, "gpu_uuid")
 _check_size = _ruled(value_rules.size_problem, "size", ", or null to leave /dev/shm as it is")
-_check_version = _matching(VERSION_RE, "version", 'is not a version — e.g. "0.25.0" (quoted)')
+_check_version = _ruled(value_rules.vllm_version_problem, "version")
 _check_image = _matching(
     IMAGE_RE, "image",
     "is not an image name — registry/repository in lowercase, without tag or digest "
@@ -97,16 +97,10 @@ _check_group = _matching(
     "(e.g. rack_a, h200)",
 )
 _check_tag = _matching(TAG_RE, "tag", "is not an image tag — letters, digits, '_.-' (e.g. v0.25.0)")
-_check_branch = _matching(
-    BRANCH_RE, "branch", 'is not a driver branch — write the number before the first dot of a driver version, '
-    'quoted (e.g. "580")')
-_check_driver_version = _matching(
-    DRIVER_VERSION_RE, "driver_version", 'is not a driver version — write it as nvidia-smi prints it, quoted '
-    '(e.g. "580.95.05")')
+_check_branch = _ruled(value_rules.driver_branch_problem, "branch")
+_check_driver_version = _ruled(value_rules.driver_version_problem, "driver_version")
 _check_cuda = _matching(CUDA_RE, "cuda", 'is not a CUDA version — write major.minor, quoted (e.g. "12.9")')
-_check_toolkit_version = _matching(
-    TOOLKIT_VERSION_RE, "toolkit_version", "is not a version of NVIDIA's toolkit package — write it as apt shows it, "
-    'quoted (e.g. "1.18.0-1")')
+_check_toolkit_version = _ruled(value_rules.toolkit_version_problem, "toolkit_version")
 _check_digest = _matching(
     DIGEST_RE, "digest", "is not an image digest — sha256: and 64 lowercase hex digits, as `docker images --digests` prints"
 )

@@ -7,7 +7,11 @@ in-process, so it stays fast. This is what makes `provision plan` trustworthy.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import shutil
+import tempfile
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -15,9 +19,10 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
+from ansible.utils.collection_loader import AnsibleCollectionConfig
 
 from provisioner.audit.expectations import env_file_sha256
-from provisioner.paths import EXAMPLES_DIR, ROLES_DIR
+from provisioner.paths import EXAMPLES_DIR, ROLES_DIR, collections_dir
 from provisioner.plan import build_plan
 from provisioner.roles import UNIT_TEMPLATES, host_variables
 from provisioner.spec import load_spec, validate_spec
@@ -27,7 +32,18 @@ from tests.unit.conftest import instance, spec_data
 TEMPLATE_ACTION_OVERRIDES = {"trim_blocks": True, "lstrip_blocks": False, "newline_sequence": "\n"}
 
 
+@cache
+def _collection_loaded() -> None:
+    """Ansible's collection loader, in this process, over this checkout as vllm_provision.gpu_host: the
+    templates' filters (plugins/filter/value_rules.py) are found by their names, as ansible-playbook finds them."""
+    if AnsibleCollectionConfig.collection_finder is None:
+        parent = tempfile.mkdtemp(prefix="vp-collections-")
+        atexit.register(shutil.rmtree, parent, True)
+        init_plugin_loader([str(collections_dir(Path(parent)))])
+
+
 def ansible_render(template: Path, variables: dict) -> str:
+    _collection_loaded()
     templar = Templar(loader=DataLoader(), variables=variables)
     templar = templar.copy_with_new_env(searchpath=[str(template.parent)], available_variables=variables)
     return templar.template(trust_as_template(template.read_text()), escape_backslashes=False,

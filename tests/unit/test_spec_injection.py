@@ -247,6 +247,10 @@ def test_an_api_key_on_one_line_is_accepted(tmp_path):
 # --------------------------------------------------------------------------- the role agrees with the spec
 
 
+def _role_vars() -> dict:
+    return yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())
+
+
 def _check_each_instance_task() -> dict:
     tasks = yaml.safe_load((ROLES_DIR / "vllm_service/tasks/preflight.yml").read_text())
     return next(task for task in tasks if task.get("name") == "Check each instance")
@@ -280,7 +284,9 @@ def test_the_roles_preflight_refuses_what_the_spec_refuses_and_accepts_what_it_a
         task,
         {"ansible.builtin.copy": {"dest": str(tmp_path / "results.json"), "mode": "0600",
                                   "content": "{{ checked.results | map(attribute='failed') | list | to_json }}"}},
-    ], "vars": {"entries": accepted + refused, "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}]
+    ], "vars": {"entries": accepted + refused, "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                # the role's vars the task reads (vars/main.yml): the options the role sets itself
+                "_vllm_service_owned_options": _role_vars()["_vllm_service_owned_options"]}}]
     (tmp_path / "playbook.yml").write_text(json.dumps(playbook))
     ansible = Path(__file__).resolve().parents[2] / ".venv/bin/ansible-playbook"
     collections = collections_dir(tmp_path / "collections")  # the preflight's tests: vllm_provision.gpu_host.name
