@@ -642,7 +642,8 @@ def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, con
                  on_notice: Callable[[str], None] | None, read_driver: DriverReader) -> ApplyResult:
     checks = check_hosts([Endpoint(host.name, host.address, host.ssh.port, host.ssh.known_hosts,
                                    trust_command(spec.source_path, host.name)) for host in chosen])
-    refusals = [TaskResult(name, "", f"connect to {check.address}:{check.port}", "unreachable", check.reason())
+    refusals = [TaskResult(name, "", f"connect to {module_utils.value_rules.host_port(check.address, check.port)}",
+                           "unreachable", check.reason())
                 for name, check in checks.items() if check.refused]
     for refusal in refusals:
         if on_result is not None:

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provisioner.module_utils import value_rules
+
 SCAN_TIMEOUT_S = 5
 # threads here start ssh-keyscan and ssh-keygen at the same time: see the same switch in audit/suite/conftest.py
 subprocess._USE_VFORK = False
@@ -230,7 +232,7 @@ class HostKeyCheck:
 
     @property
     def where(self) -> str:
-        return f"{self.host} ({self.address}:{self.port})"
+        return f"{self.host} ({value_rules.host_port(self.address, self.port)})"
 
     def message(self) -> str:
         """`host (address:port): ` and the reason; '' when it is trusted or unreachable."""

@@ -285,8 +285,8 @@ def test_the_roles_preflight_refuses_what_the_spec_refuses_and_accepts_what_it_a
         {"ansible.builtin.copy": {"dest": str(tmp_path / "results.json"), "mode": "0600",
                                   "content": "{{ checked.results | map(attribute='failed') | list | to_json }}"}},
     ], "vars": {"entries": accepted + refused, "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                # the role's vars the task reads (vars/main.yml): the options the role sets itself
-                "_vllm_service_owned_options": _role_vars()["_vllm_service_owned_options"]}}]
+                # the role's vars the task reads (vars/main.yml): the options and variables the role sets itself
+                **{name: _role_vars()[name] for name in ("_vllm_service_owned_options", "_vllm_service_managed_env")}}}]
     (tmp_path / "playbook.yml").write_text(json.dumps(playbook))
     ansible = Path(__file__).resolve().parents[2] / ".venv/bin/ansible-playbook"
     collections = collections_dir(tmp_path / "collections")  # the preflight's tests: vllm_provision.gpu_host.name

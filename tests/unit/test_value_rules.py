@@ -479,7 +479,8 @@ def _vllm_service_check(tmp_path, entries: list[dict]) -> list[bool]:
     """Role vllm_service's check of each instance, per entry of vllm_service_instances (its vars: the role's)."""
     role_vars = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())
     return _preflight_results(tmp_path, "vllm_service", "vllm_service_instance", entries,
-                              {"_vllm_service_owned_options": role_vars["_vllm_service_owned_options"]},
+                              {name: role_vars[name] for name in ("_vllm_service_owned_options",
+                                                                  "_vllm_service_managed_env")},
                               "Check each instance")
 
 
@@ -510,6 +511,19 @@ def test_the_options_the_role_sets_are_the_ones_the_spec_refuses_and_the_preflig
         assert problem.startswith(f"instances[0].options.{option}: "), problem
     entries = [_service_entry(options={option: 1}) for option in [*refused, "max-model-len", "max_model_len"]]
     assert _vllm_service_check(tmp_path, entries) == [False] * len(refused) + [True, True]
+
+
+def test_the_env_the_role_sets_is_what_the_spec_refuses_and_its_probe_knows_every_any_address():
+    import re
+
+    from provisioner.spec.cross_checks import MANAGED_ENV
+    from provisioner.vllm.serve_args import ANY_ADDRESS
+
+    managed = yaml.safe_load((ROLES_DIR / "vllm_service/vars/main.yml").read_text())["_vllm_service_managed_env"]
+    assert sorted(managed) == sorted(MANAGED_ENV)
+    template = (ROLES_DIR / "vllm_service/templates/vllm-instance.common.j2").read_text()
+    (listed,) = re.findall(r"if bind in (\[.*?\]) else", template)
+    assert sorted(yaml.safe_load(listed)) == sorted(ANY_ADDRESS)
 
 
 @pytest.mark.parametrize("term", ["ttft_p99<=" + "9" * 400 + "ms", "ttft_p99<=0ms", "ttft_p99<=3601s",
