@@ -85,9 +85,11 @@ def test_a_host_silent_mid_apply_is_named_lost_within_30_s_the_other_finishes_an
     hosts, folder = pair
     silent = hosts[1]
     spec = spec_of(folder, hosts, 0.5, "changed.yml")
-    # the second host goes silent as its instances' role starts (the first host's finishes the same way)
+    # the second host goes silent as its instances' role starts in the hosts' play (the first host's finishes the
+    # same way); its first task, not the role's secrets check of the lock play, which comes before the lock
     try:
-        rc, output, seconds = run_with_fault([*PROVISION, "apply", "--spec", str(spec)], (silent.name, "vllm_service : "),
+        rc, output, seconds = run_with_fault([*PROVISION, "apply", "--spec", str(spec)],
+                                             (silent.name, "vllm_service : Check the timeouts"),
                                              lambda: lab.set_link(silent, up=False), ("unreachable", silent.name))
     finally:
         lab.set_link(silent, up=True)
