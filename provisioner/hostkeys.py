@@ -22,7 +22,9 @@ from pathlib import Path
 from provisioner.module_utils import value_rules
 
 SCAN_TIMEOUT_S = 5
-# threads here start ssh-keyscan and ssh-keygen at the same time: see the same switch in audit/suite/conftest.py
+# Threads here (and in the audit, which imports this module: provisioner/audit/runner.py) start ssh, ssh-keyscan
+# and ssh-keygen at the same time; with vfork (CPython's default on Linux) an exec now and then failed with
+# "[Errno 14] Bad address: '/bin/sh'" (Python 3.11.7). fork is safe: the documented switch (gone in 3.14).
 subprocess._USE_VFORK = False
 # the files ssh reads when none is named, the user's first: `ssh -G` prints them as ssh_config sets them
 DEFAULT_FILE_OPTIONS = ("userknownhostsfile", "globalknownhostsfile")

@@ -1,8 +1,8 @@
-"""docs/audit-checks.md, generated from the audit suite itself: every check it has, and nothing else.
+"""docs/audit-checks.md, generated from the check registry: every check the audit has, and nothing else.
 
-Each suite file (`provisioner/audit/suite/test_*.py`) is a section, named after the file (test_sysctl.py:
-"sysctl") and introduced by its module docstring's first paragraph, in the order the audit runs them.
-Each check (a `test_*` function) is a row, from its docstring:
+Each concern module (`provisioner/audit/checks/sysctl.py`…) is a section, named after the module ("sysctl")
+and introduced by its docstring's first paragraph, in the order the audit runs them. Each check (a
+function registered with `@check` or `@each`) is a row, from its docstring:
 
     \"\"\"`ROW NAME TEMPLATE` — what it compares.
 
@@ -12,99 +12,55 @@ Each check (a `test_*` function) is a row, from its docstring:
 The first line names the rows the check reports (upper-case words are placeholders: UNIT, KEY, PATH…;
 several templates joined by " or " where the row's name depends on the case) and what it compares;
 the `Modes:` line says where it runs: spec mode, profile mode or both (tests/unit/test_audit_check_docs.py
-checks that claim against the expectations each mode builds). The suite is read with `ast`, not imported:
-no pytest or testinfra at import, and a check without the docstring is a problem to report, not a crash.
-Regenerate the page after adding or changing a check:
+checks that claim against the expectations each mode builds; provisioner/audit/registry.py reads the
+docstring). A check without the docstring form is a problem to report, not a crash. Regenerate the page
+after adding or changing a check:
 
     .venv/bin/python -m provisioner.audit.check_docs        # writes docs/audit-checks.md
 """
 
 from __future__ import annotations
 
-import ast
-import re
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SUITE_DIR = Path(__file__).resolve().parent / "suite"
+from provisioner.audit.registry import FORM, MODES, Check, all_checks, concerns
+
 REPO = Path(__file__).resolve().parents[2]  # a checkout's top level: docs/ is there
 DOCS_PAGE = REPO / "docs" / "audit-checks.md"
 REGENERATE = ".venv/bin/python -m provisioner.audit.check_docs"
-MODES = ("spec", "profile")
-FIRST_LINE = re.compile(r"^(?P<rows>`[^`]+`(?: or `[^`]+`)*) — (?P<compares>\S.*\.)$")
-MODES_LINE = re.compile(r"^Modes: (?P<modes>[a-z]+(?:, [a-z]+)*)\.$")
-FORM = '"`ROW NAME TEMPLATE` — what it compares." then a line "Modes: spec, profile." (or one of them)'
-
-
-@dataclass(frozen=True)
-class CheckDoc:
-    """One check function of the suite, as its docstring describes it."""
-
-    module: str  # the suite file's stem: test_sysctl
-    function: str
-    rows: tuple[str, ...]  # the row name templates
-    compares: str
-    modes: tuple[str, ...]
+__all__ = ["DOCS_PAGE", "FORM", "MODES", "REGENERATE", "Section", "generated_page", "read_checks"]
 
 
 @dataclass(frozen=True)
 class Section:
-    """One suite file: its summary (the module docstring's first paragraph) and its checks, in file order."""
+    """One concern module: its summary (the module docstring's first paragraph) and its checks, in module order."""
 
-    module: str
+    module: str  # the module's name: sysctl
     summary: str
-    checks: tuple[CheckDoc, ...]
+    checks: tuple[Check, ...]
 
     @property
     def title(self) -> str:
-        return self.module.removeprefix("test_").replace("_", " ")
+        return self.module.replace("_", " ")
 
 
-def suite_files(suite_dir: Path = SUITE_DIR) -> list[Path]:
-    """The suite's files in the order pytest collects (and the audit runs and reports) them."""
-    return sorted(suite_dir.glob("test_*.py"))
-
-
-def read_suite(suite_dir: Path = SUITE_DIR) -> tuple[list[Section], list[str]]:
-    """Every suite file's section, and every problem found (`file:line function: what is wrong`)."""
-    sections, problems = [], []
-    for path in suite_files(suite_dir):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        where = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
-        module_doc = ast.get_docstring(tree)
-        if not module_doc:
+def read_checks() -> tuple[list[Section], list[str]]:
+    """Every concern's section, and every problem found (`file:line function: what is wrong`)."""
+    checks, sections, problems = all_checks(), [], []
+    for module in concerns():
+        name = module.__name__.rpartition(".")[2]
+        where = f"provisioner/audit/checks/{name}.py"
+        if not module.__doc__:
             problems.append(f"{where}: no module docstring (its first paragraph introduces the section)")
-        checks = []
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
-                check, problem = check_doc(path.stem, node)
-                if problem:
-                    problems.append(f"{where}:{node.lineno} {node.name}: {problem}")
-                else:
-                    checks.append(check)
-        summary = " ".join((module_doc or "").split("\n\n")[0].split())
-        sections.append(Section(path.stem, summary, tuple(checks)))
+        own = [found for found in checks if found.concern == name]
+        problems += [f"{where}:{inspect.getsourcelines(found.function)[1]} {found.name}: {found.problem}"
+                     for found in own if found.problem]
+        summary = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+        sections.append(Section(name, summary, tuple(found for found in own if not found.problem)))
     return sections, problems
-
-
-def check_doc(module: str, function: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[CheckDoc | None, str | None]:
-    """The check's description from its docstring, or why its docstring does not have the form."""
-    docstring = ast.get_docstring(function)
-    if not docstring:
-        return None, f"no docstring; its first lines must be {FORM}"
-    lines = [line.strip() for line in docstring.splitlines()]
-    first = FIRST_LINE.match(lines[0])
-    if first is None:
-        return None, f"the docstring's first line is not {FORM}: {lines[0]!r}"
-    found = [match for match in map(MODES_LINE.match, lines[1:]) if match]
-    if len(found) != 1:
-        return None, f"{'no' if not found else 'more than one'} 'Modes: …' line; the form is {FORM}"
-    modes = tuple(found[0]["modes"].split(", "))
-    if not modes or any(mode not in MODES for mode in modes) or len(set(modes)) != len(modes):
-        return None, f"'Modes: {found[0]['modes']}.' names modes other than {', '.join(MODES)} (each once)"
-    rows = tuple(re.findall(r"`([^`]+)`", first["rows"]))
-    return CheckDoc(module, function.name, rows, first["compares"], tuple(mode for mode in MODES if mode in modes)), None
 
 
 # --------------------------------------------------------------------------- the page
@@ -123,10 +79,10 @@ def checks_markdown(sections: list[Section]) -> str:
     lines = [
         "# Audit checks",
         "",
-        f"<!-- Generated from the audit suite (provisioner/audit/suite/test_*.py) by `{REGENERATE}`; do not edit: "
-        "tests/unit/test_audit_check_docs.py fails when this file and the suite differ. -->",
+        f"<!-- Generated from the check registry (provisioner/audit/checks/*.py) by `{REGENERATE}`; do not edit: "
+        "tests/unit/test_audit_check_docs.py fails when this file and the checks differ. -->",
         "",
-        f"Every check `provision audit` runs, in the order it runs them: {total} checks in {len(sections)} files, "
+        f"Every check `provision audit` runs, in the order it runs them: {total} checks in {len(sections)} modules, "
         "each reporting one row per "
         "item it checks (a unit, a key, a GPU…). The row's name is the template with its placeholders "
         "(upper-case words: UNIT, KEY, PATH, N…) filled in; each row has an expected and an actual value and a "
@@ -135,7 +91,7 @@ def checks_markdown(sections: list[Section]) -> str:
         "rules) or `both`. How the modes and the reports work: [audit.md](audit.md).",
     ]
     for section in sections:
-        lines += ["", f"## {section.title}", "", f"{section.summary} (`provisioner/audit/suite/{section.module}.py`)",
+        lines += ["", f"## {section.title}", "", f"{section.summary} (`provisioner/audit/checks/{section.module}.py`)",
                   "", "| row | what it compares | mode |", "|---|---|---|"]
         for check in section.checks:
             rows = " or ".join(f"`{_cell(row)}`" for row in check.rows)
@@ -143,9 +99,9 @@ def checks_markdown(sections: list[Section]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generated_page(suite_dir: Path = SUITE_DIR) -> tuple[str, list[str]]:
+def generated_page() -> tuple[str, list[str]]:
     """What docs/audit-checks.md must hold, and the problems that keep it from being complete."""
-    sections, problems = read_suite(suite_dir)
+    sections, problems = read_checks()
     return checks_markdown(sections), problems
 
 

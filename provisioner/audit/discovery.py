@@ -27,7 +27,7 @@ import yaml
 
 from provisioner.audit import processes
 from provisioner.audit.processes import is_vllm_command
-from provisioner.audit.suite.facts import Output, json_answer, run_commands
+from provisioner.audit.engine import Output, json_answer, run_commands
 from provisioner.audit.text import show_blocks, shown_argv
 
 CONTAINER_TOOLS = ("docker", "podman")

@@ -9,7 +9,7 @@ variable shapes, and its rules applied to each vLLM unit, container and bare pro
 
 An expectation is either a plain value (the actual value must equal it) or a rule
 `{"expected": "what a person reads", "pattern": "a regular expression the actual value must match"}`.
-A target is plain JSON data: the suite reads it in its own pytest process.
+A target is plain JSON data.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Target:
 
 def spec_targets(spec: Spec, limit: str | None = None) -> list[Target]:
     """One target per host of the spec (or only `limit`), in spec order: per host in one pass, the
-    roles' variables there, the files they write, and what the suite compares."""
+    roles' variables there, the files they write, and what the checks compare."""
     return [spec_target(host, spec.instances_on(host.name), spec) for host in spec.hosts if limit in (None, host.name)]
 
 
@@ -380,11 +380,11 @@ def vllm_install_expectations(variables: dict[str, Any]) -> dict[str, str] | Non
 
 
 def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, Any]]:
-    """The files the `file PATH` rows compare (provisioner/audit/suite/test_managed_files.py says which
+    """The files the `file PATH` rows compare (provisioner/audit/checks/managed_files.py says which
     and why), in the order the roles write them: each with its path, `owner:group` and mode (the role's
     own task), its rendered content, and:
     - `render` instead of content for the GPU settings file: its content holds the power limits the
-      module resolved on the cards ('max' → watts), rendered by the suite from the GPUs it reads;
+      module resolved on the cards ('max' → watts), rendered by the audit from the GPUs it reads;
     - `skip` for a venv instance's unit: the [Service] lines that rows of their own read as systemd
       runs them (`UNIT: SETTING`, `UNIT: ExecStart`, `UNIT: Environment NAME`), left out here;
     - `unit` for a unit file (a venv instance's, the GPU boot unit): its name, so that a unit systemd

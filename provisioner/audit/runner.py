@@ -1,24 +1,18 @@
-"""Run the audit suite against hosts: one SSH master per host, all hosts in parallel, one report per host.
+"""Audit hosts: one SSH master per host, all hosts in parallel (threads), one report per host.
 
-1. An ssh_config with one block per host (ControlMaster, ControlPersist): connecting opens the
-   host's master connection, which every later command reuses (and a second audit within
-   CONTROL_PERSIST finds it open: a warm audit). All hosts are connected in parallel; a host
-   that cannot be reached is reported as "could not run" with ssh's own message.
-2. Profile mode: discovery on each reachable host, turned into its expectations.
-3. One pytest run of the suite (provisioner/audit/suite) over the reachable hosts: it reads each
-   host's facts in one SSH round trip, in the background a few hosts at a time, and compares them
-   with the expectations host by host. Each finished check is passed to `on_progress`.
-   (One pytest process for all hosts, not one per host: on a 2-core machine, eight pytest start-ups
-   alone took 5 s.)
+Per host: an ssh_config block with ControlMaster and ControlPersist, so that connecting opens the host's
+master connection, which the fact read reuses (and a second audit within CONTROL_PERSIST finds it open: a
+warm audit); a host that cannot be reached is reported as "could not run" with ssh's own message. Profile
+mode: discovery, turned into the host's expectations. Then the host's facts in one round trip and every
+registered check on them, in this process (provisioner/audit/engine.py); each finished check is passed
+to `on_progress`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,33 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.audit.engine import CheckResult, audit_facts, described, host_cases, read_facts
 from provisioner.audit.expectations import Target, profile_expectations, profile_variables
-from provisioner.audit.text import PROGRESS_PREFIX
 from provisioner.hostkeys import check_host, trust_command
 from provisioner.remote import Connection, connection_options
 from provisioner.unreachable import CONNECT_TIMEOUT_S, LOST, explain
 
-SUITE_DIR = Path(__file__).resolve().parent / "suite"
 CONTROL_PERSIST = "120s"
-SUITE_TIMEOUT_S = 600
-UNUSED_PYTEST_PLUGINS = ("cacheprovider", "logging", "warnings", "faulthandler", "unraisableexception", "threadexception")
-
-# threads here start ssh at the same time: see the same switch in suite/conftest.py
-subprocess._USE_VFORK = False
 
 ProgressCallback = Callable[[str, str, Any], None]  # (host, event, value): connected, collected, check, done
 
-
-@dataclass
-class CheckResult:
-    host: str
-    check: str
-    expected: str
-    actual: str
-    status: str  # passed | failed | n/a | error | skipped
-    message: str = ""
-    id: str = ""
-    seconds: float = 0.0  # the check's setup and call (a host's first check also waits for its facts)
+__all__ = ["CheckResult", "HostReport", "audit_hosts", "disconnect", "exit_code"]
 
 
 @dataclass
@@ -102,28 +80,38 @@ def audit_hosts(
         config = Path(workdir) / "ssh_config"
         config.write_text("".join(ssh_config_block(target.name, target.connection) for target in targets))
 
-        def prepare(target: Target) -> None:
+        def audit(target: Target) -> None:
+            report = reports[target.name]
             started = time.monotonic()
             connection = target.connection
             host_key = check_host(target.name, connection.address, connection.port, connection.known_hosts,
                                   trust_command(spec_path, target.name))
-            reports[target.name].error = host_key.reason() or connect(target.name, config)
-            if reports[target.name].error is None and profile is not None:
-                reports[target.name].error = discover_into(target, config, profile)
-            reports[target.name].connect_seconds = round(time.monotonic() - started, 3)
-            notify(target.name, "connected", reports[target.name].error)
+            report.error = host_key.reason() or connect(target.name, config)
+            if report.error is None and profile is not None:
+                report.error = discover_into(target, config, profile)
+            report.connect_seconds = round(time.monotonic() - started, 3)
+            notify(target.name, "connected", report.error)
+            if report.error is None:
+                try:
+                    check_host_facts(target, config, report, notify)
+                except Exception as error:  # no traceback to the user: the host could not be audited, and why
+                    report.error, report.checks = f"the audit failed: {described(error)}", []
+            notify(target.name, "done", report)
 
         with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
-            list(pool.map(prepare, targets))
-        reachable = [target for target in targets if reports[target.name].error is None]
-        if reachable:
-            for result in run_suite(reachable, config, Path(workdir), notify, reports):
-                reports[result.host].checks.append(result)
-        for report in reports.values():
-            say_lost(report)
-    for report in reports.values():
-        notify(report.host, "done", report)
+            list(pool.map(audit, targets))
     return reports
+
+
+def check_host_facts(target: Target, config: Path, report: HostReport, notify: ProgressCallback) -> None:
+    """Read the host's facts in one round trip over its master and run every check on them."""
+    cases = host_cases(target.name, target.expected)
+    notify(target.name, "collected", len(cases))
+    host = testinfra_host(target.name, config, target.connection.sudo)
+    for result in audit_facts(target.name, target.expected, lambda: read_facts(host, target.expected), cases):
+        report.checks.append(result)
+        notify(target.name, "check", result)
+    say_lost(report)
 
 
 def say_lost(report: HostReport) -> None:
@@ -191,54 +179,3 @@ def discover_into(target: Target, config: Path, profile: dict[str, Any]) -> str 
         return f"discovery failed: {error}"
     target.expected = profile_expectations(profile, discovered)
     return None
-
-
-# --------------------------------------------------------------------------- the suite
-
-
-def run_suite(
-    targets: list[Target], config: Path, workdir: Path, notify: ProgressCallback, reports: dict[str, HostReport]
-) -> list[CheckResult]:
-    """One pytest run of the suite over `targets`; a host whose checks did not come back gets an error."""
-    targets_file, results_file, output_file = workdir / "targets.json", workdir / "results.json", workdir / "pytest.out"
-    targets_file.write_text(json.dumps({"hosts": {
-        target.name: {"ssh": {"alias": target.name, "config": str(config), "sudo": target.connection.sudo},
-                      "expected": target.expected}
-        for target in targets
-    }}))
-    command = [
-        sys.executable, "-m", "pytest", str(SUITE_DIR), "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
-        "-p", "provisioner.audit.plugin", "-q", "--no-header", "--audit-targets", str(targets_file),
-        "--audit-results", str(results_file),
-        # what a check needs none of, and costs about a third of pytest's time per check
-        "--assert=plain", "--capture=no", "--tb=line", *(f"-pno:{plugin}" for plugin in UNUSED_PYTEST_PLUGINS),
-    ]
-    # only our plugin: no other installed pytest plugin joins (or slows) the audit
-    environment = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    with output_file.open("w") as output:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                   stdout=output, stderr=subprocess.PIPE, text=True, env=environment)
-        other_lines = follow_progress(process, notify)
-        process.wait(timeout=SUITE_TIMEOUT_S)
-    results = json.loads(results_file.read_text()) if results_file.exists() else []
-    returned = {result["host"] for result in results}
-    for target in targets:
-        if target.name not in returned:
-            tail = (output_file.read_text() + "".join(other_lines)).strip()[-1500:]
-            reports[target.name].error = f"the audit suite did not run (pytest exited {process.returncode}): {tail}"
-    return [CheckResult(**result) for result in results]
-
-
-def follow_progress(process: subprocess.Popen, notify: ProgressCallback) -> list[str]:
-    """Pass the plugin's progress lines on as they come; return pytest's other stderr lines."""
-    other = []
-    for line in process.stderr:
-        if not line.startswith(PROGRESS_PREFIX):
-            other.append(line)
-            continue
-        event = json.loads(line.removeprefix(PROGRESS_PREFIX))
-        for host, count in event.get("collected", {}).items():
-            notify(host, "collected", count)
-        if "check" in event:
-            notify(event["check"]["host"], "check", CheckResult(**event["check"]))
-    return other

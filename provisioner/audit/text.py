@@ -1,7 +1,4 @@
-"""Text formats the suite reads on a host: `systemctl show` values, modprobe's dry run, the suite's progress lines.
-
-Standard library only: the suite imports it in every audit's pytest process.
-"""
+"""Text formats the audit reads on a host: `systemctl show` values, modprobe's dry run."""
 
 from __future__ import annotations
 
@@ -9,10 +6,7 @@ import re
 import shlex
 
 from provisioner.module_utils import systemd_show
-from provisioner.secrets import shown_command  # noqa: F401 (the suite and its tests read it here too)
-
-# the suite's progress lines on stderr: this prefix, then JSON (provisioner/audit/plugin.py)
-PROGRESS_PREFIX = "@@audit "
+from provisioner.secrets import shown_command  # noqa: F401 (the checks and their tests read it here too)
 
 
 def environment_words(value: str) -> dict[str, str]:

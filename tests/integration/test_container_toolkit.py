@@ -72,7 +72,7 @@ def driver_changes(host, unit: str) -> list[dict]:
 
 
 def toolkit_rows(spec) -> dict[str, tuple[str, str, str]]:
-    """The audit's rows of the toolkit (provisioner/audit/suite/test_container_toolkit.py): (status, expected, actual)."""
+    """The audit's rows of the toolkit (provisioner/audit/checks/container_toolkit.py): (status, expected, actual)."""
     (report,) = audit_hosts(spec_targets(load_spec(spec))).values()
     return {check.check: (check.status, check.expected, check.actual) for check in report.checks
             if check.check.startswith(("nvidia-container-toolkit-base", "CDI refresh "))}

@@ -239,7 +239,7 @@ def test_the_wheel_and_the_sdist_carry_every_file_the_tool_runs(artefacts):
     in_wheel = {name if name.startswith("provisioner/") else f"provisioner/_content/{name}" for name in needed}
     assert sorted(in_wheel - wheel) == []
     assert sorted(set(needed) - sdist) == []
-    for data in ("provisioner/vllm/profiles.yml", "provisioner/bench/loads.yml", "provisioner/audit/suite/pytest.ini",
+    for data in ("provisioner/vllm/profiles.yml", "provisioner/bench/loads.yml", "provisioner/audit/probes/http_probe.sh",
                  "provisioner/_content/playbooks/site.yml", "provisioner/_content/templates/spec.example.yml"):
         assert data in wheel, data
     metadata = zipfile.ZipFile(artefacts.wheel).read(f"vllm_provision-{VERSION}.dist-info/METADATA").decode()

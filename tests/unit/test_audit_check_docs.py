@@ -1,4 +1,4 @@
-"""docs/audit-checks.md lists exactly the checks the audit suite has: every check describes its rows and
+"""docs/audit-checks.md lists exactly the checks the registry has: every check describes its rows and
 modes in its docstring, the page is what provisioner/audit/check_docs.py generates from them, and each
 check's `Modes:` line is where it really runs (its cases under spec-mode and profile-mode expectations).
 
@@ -8,14 +8,12 @@ After adding or changing a check, regenerate the page with
 
 from __future__ import annotations
 
-import importlib
-import textwrap
-import warnings
 from functools import cache
 
 import pytest
 
-from provisioner.audit.check_docs import DOCS_PAGE, FORM, REGENERATE, generated_page, read_suite
+from provisioner.audit.check_docs import DOCS_PAGE, FORM, REGENERATE, generated_page, read_checks
+from provisioner.audit.registry import make_check
 from provisioner.audit.expectations import load_profile, profile_expectations, spec_targets
 from provisioner.paths import EXAMPLES_DIR
 from provisioner.spec import load_spec, validate_spec
@@ -23,20 +21,20 @@ from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 
 
 def test_every_check_has_the_docstring_form():
-    _, problems = read_suite()
+    _, problems = read_checks()
     assert problems == [], (
         f"every check's docstring starts with {FORM}:\n  " + "\n  ".join(problems))
 
 
-def test_the_page_is_what_the_suite_generates():
+def test_the_page_is_what_the_registry_generates():
     text, problems = generated_page()
     assert problems == []
     assert DOCS_PAGE.read_text(encoding="utf-8") == text, (
-        f"docs/audit-checks.md differs from the audit suite's checks — regenerate it: {REGENERATE}")
+        f"docs/audit-checks.md differs from the registry's checks — regenerate it: {REGENERATE}")
 
 
-def test_the_page_has_a_section_per_suite_file_and_a_row_per_check():
-    sections, _ = read_suite()
+def test_the_page_has_a_section_per_concern_and_a_row_per_check():
+    sections, _ = read_checks()
     page = DOCS_PAGE.read_text(encoding="utf-8")
     assert {"discovered", "gpu", "nouveau", "shm", "sysctl", "vllm container", "vllm service"} <= {
         section.title for section in sections}
@@ -48,41 +46,39 @@ def test_the_page_has_a_section_per_suite_file_and_a_row_per_check():
     assert "nouveau module" not in page  # the row docs/audit.md once listed and no check reports
 
 
-def test_a_check_without_the_form_is_named_with_what_is_wrong(tmp_path):
-    (tmp_path / "test_example.py").write_text(textwrap.dedent('''
-        """Example checks."""
+def no_docstring(case, audit):
+    pass
 
-        def test_no_docstring(case, audit):
-            pass
 
-        def test_old_style(case, audit):
-            """Compares something."""
+def old_style(case, audit):
+    """Compares something."""
 
-        def test_no_modes(case, audit):
-            """`ROW` — compares a thing."""
 
-        def test_unknown_mode(case, audit):
-            """`ROW` — compares a thing.
+def no_modes(case, audit):
+    """`ROW` — compares a thing."""
 
-            Modes: spec, lab.
-            """
 
-        def test_good(case, audit):
-            """`KEY: ROW` or `KEY: OTHER` — compares a thing.
+def unknown_mode(case, audit):
+    """`ROW` — compares a thing.
 
-            Modes: profile.
-            """
+    Modes: spec, lab.
+    """
 
-        def helper():
-            pass
-    '''))
-    sections, problems = read_suite(tmp_path)
-    assert [problem.split(": ", 1)[0].rsplit(" ", 1)[1] for problem in problems] == [
-        "test_no_docstring", "test_old_style", "test_no_modes", "test_unknown_mode"]
+
+def good(case, audit):
+    """`KEY: ROW` or `KEY: OTHER` — compares a thing.
+
+    Modes: profile.
+    """
+
+
+def test_a_check_without_the_form_is_named_with_what_is_wrong():
+    problems = [make_check(function).problem for function in (no_docstring, old_style, no_modes, unknown_mode)]
     assert "no docstring" in problems[0] and "'Compares something.'" in problems[1]
     assert "no 'Modes: …' line" in problems[2] and "other than spec, profile" in problems[3]
-    (good,) = sections[0].checks
-    assert (good.rows, good.compares, good.modes) == (("KEY: ROW", "KEY: OTHER"), "compares a thing.", ("profile",))
+    found = make_check(good)
+    assert (found.problem, found.rows, found.compares, found.modes) == (None, ("KEY: ROW", "KEY: OTHER"), "compares a thing.",
+                                                                       ("profile",))
 
 
 # --------------------------------------------------------------------------- modes: where each check has cases
@@ -165,31 +161,17 @@ def samples() -> dict[str, list[dict]]:
     }
 
 
-def cases_of(function, expected: dict) -> int:
-    """How many cases the suite's conftest makes of the check for a host with these expectations."""
-    marks = [mark for mark in getattr(function, "pytestmark", []) if mark.name == "audit_each"]
-    return len(list(marks[0].args[0](expected))) if marks else 1  # an unmarked check: once per host
-
-
 def documented_checks():
-    sections, _ = read_suite()
+    sections, _ = read_checks()
     return [check for section in sections for check in section.checks]
 
 
-def suite_function(module: str, name: str):
-    """A check function of the suite, imported (its `audit_each` mark is registered by the audit's plugin only)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        return getattr(importlib.import_module(f"provisioner.audit.suite.{module}"), name)
-
-
-@pytest.mark.parametrize("check", documented_checks(), ids=lambda check: f"{check.module}.{check.function}")
+@pytest.mark.parametrize("check", documented_checks(), ids=lambda check: f"{check.concern}.{check.name}")
 def test_each_check_runs_in_exactly_the_modes_its_docstring_names(check):
-    function = suite_function(check.module, check.function)
     runs_in = tuple(mode for mode, expectations in samples().items()
-                    if any(cases_of(function, expected) for expected in expectations))
+                    if any(check.cases("h", expected) for expected in expectations))
     assert runs_in == check.modes, (
-        f"{check.module}.py {check.function}: its docstring says 'Modes: {', '.join(check.modes)}.', its cases "
+        f"{check.concern}.py {check.name}: its docstring says 'Modes: {', '.join(check.modes)}.', its cases "
         f"come in {', '.join(runs_in) or 'no mode'} (with the samples in tests/unit/test_audit_check_docs.py)")
 
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import xml.etree.ElementTree as ElementTree
 
 import pytest
 from rich.console import Console
 
+from provisioner.audit.engine import Facts, audit_facts
+from provisioner.audit.registry import REPORTED, Case, make_check
 from provisioner.audit.report import host_table, json_text, junit_text, summary, write_json, write_junit
 from provisioner.remote import Connection
 from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, say_lost, ssh_config_block
 from provisioner.unreachable import LOST
-from tests.unit.test_audit_suite import run_plugin
 
 
 def report(host: str, *statuses: str, error: str | None = None) -> HostReport:
@@ -106,66 +108,57 @@ def properties(case: ElementTree.Element) -> dict[str, str]:
     return {prop.get("name"): prop.get("value") for prop in case.findall("properties/property")}
 
 
-# checks run by the real plugin: a passed, a reported, a drifted, an n/a and an errored row, with set times
-TIMED_CHECKS = '''
-import time
-import pytest
-from provisioner.audit.checks import REPORTED, Audit
-
-@pytest.fixture
-def audit(request):
-    return Audit(request.node)
-
-@pytest.fixture
-def slow_facts():
-    time.sleep(0.3)  # as a host's first check waits for its facts
-
-def test_same(slow_facts, audit):
+# checks run by the engine: a passed, a reported, a drifted, an n/a and an errored row, with set times
+def same(audit):
     audit.expect("same", "1", "1")
 
-def test_reported(audit):
+
+def reported(audit):
     audit.expect("vLLM units", REPORTED, ["vllm-a.service", "vllm-b.service"])
 
-def test_drifted(audit):
+
+def drifted(audit):
     time.sleep(0.2)
     audit.expect("ExecStart", "vllm serve m", "vllm serve m --api-key sk-secret-in-a-row")
 
-def test_in_a_container(audit):
+
+def in_a_container(audit):
     audit.not_applicable("sysctl live: vm.swappiness", "1", "a container shares its host's kernel")
 
-@pytest.fixture
-def unreadable():
+
+def facts_unreadable(facts):
     raise RuntimeError("ssh: connection closed")
 
-def test_facts_unreadable(unreadable, audit):
-    pass
-'''
+
+def slow_read() -> Facts:
+    time.sleep(0.3)  # a host's first check counts the read of its facts
+    return Facts(problems={})
 
 
-def test_every_row_from_the_plugin_reaches_json_and_junit_with_expected_actual_and_its_time(tmp_path):
-    run, results = run_plugin(tmp_path, TIMED_CHECKS)
-    checks = [CheckResult(**result) for result in results]
-    host = HostReport("?", "192.0.2.1", checks, connect_seconds=0.1)  # no case fixture here: host "?"
-    rows = {row["check"]: row for row in json.loads(json_text({"?": host}))["hosts"]["?"]["checks"]}
+def test_every_row_from_the_engine_reaches_json_and_junit_with_expected_actual_and_its_time():
+    cases = [(found, Case("h", {}), f"timed::{found.name}[h]")
+             for found in map(make_check, (same, reported, drifted, in_a_container, facts_unreadable))]
+    host = HostReport("h", "192.0.2.1", list(audit_facts("h", {}, slow_read, cases)), connect_seconds=0.1)
+    rows = {row["check"]: row for row in json.loads(json_text({"h": host}))["hosts"]["h"]["checks"]}
     assert {name: (row["expected"], row["actual"], row["status"]) for name, row in rows.items()} == {
         "same": ("1", "1", "passed"),
         "vLLM units": ("(reported)", "vllm-a.service, vllm-b.service", "passed"),
         "ExecStart": ("vllm serve m", "vllm serve m --api-key <redacted>", "failed"),
         "sysctl live: vm.swappiness": ("1", "n/a: a container shares its host's kernel", "n/a"),
-        "test_facts_unreadable": ("", "ssh: connection closed", "error"),
-    }, run.stdout
-    assert rows["same"]["seconds"] >= 0.3  # the setup's wait counts
+        "facts_unreadable[h]": ("", "ssh: connection closed", "error"),
+    }
+    assert rows["same"]["seconds"] >= 0.3  # the read's wait counts
     assert rows["ExecStart"]["seconds"] >= 0.2
     assert all(0 <= row["seconds"] < 5 for row in rows.values())
-    assert json.loads(json_text({"?": host}))["hosts"]["?"]["check_seconds"] == round(sum(r["seconds"] for r in rows.values()), 3)
-    junit = junit_text({"?": host})
-    assert "sk-secret-in-a-row" not in junit and "sk-secret-in-a-row" not in json_text({"?": host})
+    assert json.loads(json_text({"h": host}))["hosts"]["h"]["check_seconds"] == round(sum(r["seconds"] for r in rows.values()), 3)
+    junit = junit_text({"h": host})
+    assert "sk-secret-in-a-row" not in junit and "sk-secret-in-a-row" not in json_text({"h": host})
     cases = {case.get("name"): case for case in ElementTree.fromstring(junit).iter("testcase")}
     assert set(cases) == set(rows)
     for name, row in rows.items():
         assert properties(cases[name]) == {key: row[key] for key in ("expected", "actual", "status")}
         assert float(cases[name].get("time")) == pytest.approx(row["seconds"], abs=0.0005)
-    assert cases["test_facts_unreadable"].find("error").get("message") == "ssh: connection closed"
+    assert cases["facts_unreadable[h]"].find("error").get("message") == "ssh: connection closed"
 
 
 def test_json_has_the_exit_code_and_every_check(tmp_path):

@@ -1,4 +1,4 @@
-"""Row `secrets readable by others` (provisioner/audit/suite/test_secret_files.py): a managed file or a drop-in
+"""Row `secrets readable by others` (provisioner/audit/checks/secret_files.py): a managed file or a drop-in
 of a vLLM unit that holds a secret (by the rules, or a value the spec declares, found by its digest) and that
 others may read fails, naming the file and its mode, never the secret."""
 
@@ -6,39 +6,26 @@ from __future__ import annotations
 
 import base64
 import json
-import warnings
 from types import SimpleNamespace
 
 import pytest
 
-from provisioner.audit.checks import Audit, Case, Drift
+from provisioner.audit.checks import secret_files as checks
+from provisioner.audit.checks.vllm_service import dropin_modes, parse_unit
+from provisioner.audit.engine import Output, host_commands
 from provisioner.audit.expectations import spec_targets
-from provisioner.audit.suite.facts import Output, dropin_modes, host_commands, parse_unit
+from provisioner.audit.registry import Case
 from provisioner.paths import ROLES_DIR
 from provisioner.spec import load_spec
+from tests.unit.audit_rows import run_row
 from tests.unit.conftest import instance, spec_data, write_spec
-
-with warnings.catch_warnings():  # the suite's marker is registered in its own pytest.ini, not here
-    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    from provisioner.audit.suite import test_secret_files as checks
 
 DECLARED = "conn-planted-value-81d2"  # declared under a name no rule finds secret
 DROPIN = "/etc/systemd/system/vllm-chat.service.d/override.conf"
 
 
-class FakeItem:
-    def __init__(self):
-        self.user_properties = []
-
-
 def row(target: dict, facts) -> tuple[str, str, str, str]:
-    item = FakeItem()
-    try:
-        checks.test_secrets_readable_by_others(case=Case("ws4070", target), facts=facts, audit=Audit(item))
-        status = "passed"
-    except Drift:
-        status = "failed"
-    recorded = dict(item.user_properties)
+    status, recorded = run_row(checks.secrets_readable_by_others, Case("ws4070", target), facts)
     return recorded["check"], recorded["expected"], recorded["actual"], status
 
 

@@ -1,4 +1,4 @@
-"""The audit suite's parts that need no host: reading command output, discovery, the check helper, the plugin."""
+"""The audit's parts that need no host: reading command output, discovery, the check helper, the engine."""
 
 from __future__ import annotations
 
@@ -12,20 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.audit.checks import Audit, Drift
+from provisioner.audit.checks.gpu import parse_gpu
+from provisioner.audit.checks.vllm_service import parse_unit
+from provisioner.audit.engine import Facts, HostLost, Output, audit_facts, host_commands, parse_outputs, run_case
+from provisioner.audit.instance_files import HTTP_PROBE, HTTPS_PROBE, http_answers
+from provisioner.audit.registry import Audit, Case, Drift, make_check
 from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
 from provisioner.audit.processes import is_vllm_command
 from provisioner.audit.text import modprobe_dry_run
-from provisioner.audit.suite.facts import (
-    HTTP_PROBE,
-    HTTPS_PROBE,
-    Output,
-    host_commands,
-    http_answers,
-    parse_gpu,
-    parse_outputs,
-    parse_unit,
-)
 from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command
 from provisioner.file_formats import sysctl_settings
 
@@ -108,66 +102,75 @@ def test_discovery_reads_vllm_containers_from_docker_inspect():
     assert vllm_containers("podman", "") == []
 
 
-class FakeItem:
-    def __init__(self):
-        self.user_properties = []
-
-
 def test_expect_records_expected_and_actual_and_raises_drift():
-    item = FakeItem()
-    Audit(item).expect("sysctl file: vm.swappiness", "1", "1")
-    assert item.user_properties == [("check", "sysctl file: vm.swappiness"), ("expected", "1"), ("actual", "1")]
+    audit = Audit()
+    audit.expect("sysctl file: vm.swappiness", "1", "1")
+    assert audit.row == {"check": "sysctl file: vm.swappiness", "expected": "1", "actual": "1"}
     with pytest.raises(Drift) as drift:
-        Audit(item).expect("User", {"expected": "not root", "pattern": "^(?!root$)"}, "root")
+        audit.expect("User", {"expected": "not root", "pattern": "^(?!root$)"}, "root")
     assert (drift.value.check, drift.value.expected, drift.value.actual) == ("User", "not root", "root")
     assert isinstance(drift.value, AssertionError)
-    Audit(item).expect("flags", ["a", "b"], ["a", "b"])
-    assert dict(item.user_properties)["actual"] == "a, b"
+    audit.expect("flags", ["a", "b"], ["a", "b"])
+    assert audit.row["actual"] == "a, b"
 
 
-PLUGIN_CHECKS = '''
-import pytest
-from provisioner.audit.checks import Audit
-
-@pytest.fixture
-def audit(request):
-    return Audit(request.node)
-
-def test_same(audit):
+def same(audit):
     audit.expect("same", "1", "1")
 
-def test_drifted(audit):
+
+def drifted(audit):
     audit.expect("drifted", "1", "60")
 
-def test_in_a_container(audit):
+
+def in_a_container(audit):
     audit.not_applicable("live", "1", "a container shares its host's kernel")
 
-def test_broken(audit):
-    raise RuntimeError("ssh: connection closed")
-'''
+
+def broken(facts):
+    facts.units["vllm-x.service"]  # a check's own bug: an error row, never a traceback
 
 
-def run_plugin(folder, checks: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """pytest with the audit's plugin over `checks` (a test file's text) in `folder`: its run and the results."""
-    (folder / "test_checks.py").write_text(checks)
-    results = folder / "results.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", str(folder), "-p", "provisioner.audit.plugin", "-p", "no:cacheprovider",
-         "-q", "--rootdir", str(folder), "--audit-results", str(results)],
-        capture_output=True, text=True, cwd=folder,
-    )
-    return run, json.loads(results.read_text())
+def halfway(audit):
+    audit.expect("recorded", "1", "1")
+    raise RuntimeError("then it broke")
 
 
-def test_plugin_reports_passed_failed_na_and_error(tmp_path):
-    run, results = run_plugin(tmp_path, PLUGIN_CHECKS)
-    reported = {result["check"]: result for result in results}
-    assert {check: result["status"] for check, result in reported.items()} == {
-        "same": "passed", "drifted": "failed", "live": "n/a", "test_broken": "error"}, run.stdout
-    assert (reported["drifted"]["expected"], reported["drifted"]["actual"]) == ("1", "60")
-    assert reported["live"]["message"] == "a container shares its host's kernel"
-    assert "ssh: connection closed" in reported["test_broken"]["message"]
-    assert run.stderr.count("@@audit ") == 5  # collected, then one line per check
+def test_the_engine_reports_passed_failed_na_and_error():
+    facts = Facts(problems={}, units={})
+    results = [run_case(make_check(function), Case("h", {}), f"t::{function.__name__}[h]", facts)
+               for function in (same, drifted, in_a_container, broken, halfway)]
+    assert [(result.check, result.status, result.expected, result.actual) for result in results] == [
+        ("same", "passed", "1", "1"), ("drifted", "failed", "1", "60"),
+        ("live", "n/a", "1", "n/a: a container shares its host's kernel"),
+        ("broken[h]", "error", "", "KeyError: 'vllm-x.service'"), ("recorded", "error", "1", "1")]
+    assert results[2].message == "a container shares its host's kernel"
+    assert results[1].message == "drifted: expected 1, actual 60" and results[4].message == "then it broke"
+    assert results[3].id == "t::broken[h]"
+
+
+def test_a_concern_whose_facts_could_not_be_read_errs_its_own_checks_alone():
+    facts = Facts(problems={"test_audit_suite": "its facts could not be read: ValueError: bad"}, units={})
+    result = run_case(make_check(same), Case("h", {}), "t::same[h]", facts)
+    assert (result.status, result.actual) == ("error", "its facts could not be read: ValueError: bad")
+
+
+def test_a_host_lost_while_read_errs_every_check_with_the_lost_reason():
+    def lost():
+        raise HostLost("lost: the host stopped answering")
+
+    cases = [(make_check(function), Case("h", {}), f"t::{function.__name__}[h]") for function in (same, drifted)]
+    results = list(audit_facts("h", {}, lost, cases))
+    assert [(result.status, result.message) for result in results] == [("error", "lost: the host stopped answering")] * 2
+
+
+def test_every_concern_reads_its_facts_in_the_one_script_and_parses_them():
+    spec = load_spec(EXAMPLES_DIR / "seed1-3090.yml")
+    (target,) = spec_targets(spec)
+    commands = host_commands(target.expected)
+    assert {"virt", "sysctl", "modprobe", "fstab", "listening", "unit0", "gpu", "gpu_boot_unit", "managed0"} <= set(commands)
+    facts = parse_facts(target.expected, {name: Output("", 1) for name in commands} | {
+        "sysctl": Output("[]", 0), "page_size": Output("4096", 0)})
+    assert facts.problems == {} and facts.container is None and facts.units["vllm-qwen7b.service"].shown == {}
 
 
 @pytest.fixture
@@ -305,16 +308,12 @@ def test_modprobe_dry_run_with_nothing_printed_is_not_refused():
 import base64  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from provisioner.audit.checks import Case  # noqa: E402
 from provisioner.audit.expectations import spec_targets  # noqa: E402
-import warnings  # noqa: E402
-
-with warnings.catch_warnings():  # the suite's marker is registered by its own conftest, not here
-    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    from provisioner.audit.suite import test_gpu_boot_unit, test_managed_files, test_vllm_install  # noqa: E402
-from provisioner.audit.suite.facts import parse_facts  # noqa: E402
+from provisioner.audit.checks import gpu_boot_unit, managed_files, vllm_install  # noqa: E402
+from provisioner.audit.engine import parse_facts  # noqa: E402
 from provisioner.paths import EXAMPLES_DIR  # noqa: E402
 from provisioner.spec import load_spec  # noqa: E402
+from tests.unit.audit_rows import run_row  # noqa: E402
 
 BOOT_UNIT = {"name": "nvidia-gpu-limits.service", "fragment": "/etc/systemd/system/nvidia-gpu-limits.service",
              "enabled": "enabled", "type": "oneshot", "active_after_success": "active"}
@@ -324,15 +323,7 @@ RAN = {"LoadState": "loaded", "UnitFileState": "enabled", "ActiveState": "active
 
 def row(check, item, **facts) -> tuple[str, str, str, str]:
     """(status, check, expected, actual) of one check run on `item` with these facts."""
-    audit_item = FakeItem()
-    try:
-        check(Case("h", {}, item), SimpleNamespace(**facts), Audit(audit_item))
-        status = "passed"
-    except Drift:
-        status = "failed"
-    except pytest.skip.Exception:
-        status = "n/a"
-    shown = dict(audit_item.user_properties)
+    status, shown = run_row(check, Case("h", {}, item), SimpleNamespace(**facts))
     return status, shown["check"], shown["expected"], shown["actual"]
 
 
@@ -350,7 +341,7 @@ def row(check, item, **facts) -> tuple[str, str, str, str]:
      "n/a: the unit file is missing: see file /etc/systemd/system/nvidia-gpu-limits.service"),
 ])
 def test_the_boot_units_last_run_is_a_success_that_left_it_active(state, status, actual):
-    assert row(test_gpu_boot_unit.test_boot_unit_last_run, BOOT_UNIT, gpu_boot_unit={**RAN, **state}) == (
+    assert row(gpu_boot_unit.boot_unit_last_run, BOOT_UNIT, gpu_boot_unit={**RAN, **state}) == (
         status, "nvidia-gpu-limits.service: last run", "success", actual)
 
 
@@ -358,7 +349,7 @@ def test_the_boot_units_last_run_is_a_success_that_left_it_active(state, status,
     ("enabled", "passed", "enabled"), ("disabled", "failed", "disabled"), ("masked", "failed", "masked")])
 def test_the_boot_unit_is_enabled(state, status, actual):
     shown = {**RAN, "UnitFileState": state, **({"LoadState": "masked"} if state == "masked" else {})}
-    assert row(test_gpu_boot_unit.test_boot_unit_enabled, BOOT_UNIT, gpu_boot_unit=shown) == (
+    assert row(gpu_boot_unit.boot_unit_enabled, BOOT_UNIT, gpu_boot_unit=shown) == (
         status, "nvidia-gpu-limits.service: enabled", "enabled", actual)
 
 
@@ -370,7 +361,7 @@ def test_the_boot_unit_is_enabled(state, status, actual):
 ])
 def test_the_venvs_vllm_is_the_pinned_version(out, status, actual):
     install = {"venv": "/opt/vllm/venv", "version": "0.25.0"}
-    assert row(test_vllm_install.test_vllm_version, install, vllm_version=out) == (
+    assert row(vllm_install.vllm_version, install, vllm_version=out) == (
         status, "vLLM in /opt/vllm/venv", "0.25.0", actual)
 
 
@@ -425,15 +416,15 @@ UNIT_FILE = {"path": "/etc/systemd/system/vllm-chat.service", "role": "vllm_serv
      "ends at line 6; missing 'EnvironmentFile=/etc/vllm/chat.env' (root:root 0644)"),  # ExecStart=: its own row
 ])
 def test_a_managed_file_is_present_as_rendered_with_its_owner_and_mode(found, status, actual):
-    assert row(test_managed_files.test_managed_file, UNIT_FILE, managed_files={UNIT_FILE["path"]: found}) == (
+    assert row(managed_files.managed_file, UNIT_FILE, managed_files={UNIT_FILE["path"]: found}) == (
         status, "file /etc/systemd/system/vllm-chat.service", "as rendered (7 lines, root:root 0644)", actual)
 
 
 def test_a_copied_file_is_compared_whole():
     script = {**UNIT_FILE, "path": "/usr/local/lib/x", "mode": "0755", "skip": None, "content": "a\nb\n"}
-    assert row(test_managed_files.test_managed_file, script,
+    assert row(managed_files.managed_file, script,
                managed_files={"/usr/local/lib/x": (("0755", "root:root"), "a\nc\n")})[3] == "line 2: 'c' instead of 'b' (root:root 0755)"
-    assert row(test_managed_files.test_managed_file, script,
+    assert row(managed_files.managed_file, script,
                managed_files={"/usr/local/lib/x": (("0755", "root:root"), "a\nb")})[3] == (
         "differs in line endings or a final newline (root:root 0755)")
 
@@ -448,14 +439,14 @@ def test_the_gpu_settings_file_is_rendered_from_the_gpus_read_with_the_modules_t
                "# persistence mode on every GPU\npersistence_mode on\n# one GPU per line: <UUID> <power limit in watts>\n"
                "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a 350  # GPU 0, power_limit default\n")
     found = {settings["path"]: (("0644", "root:root"), written)}
-    assert row(test_managed_files.test_managed_file, settings, gpu=gpus, gpu_problem=None, managed_files=found) == (
+    assert row(managed_files.managed_file, settings, gpu=gpus, gpu_problem=None, managed_files=found) == (
         "passed", "file /etc/vllm-provision/nvidia-gpu-limits.conf", "as rendered (6 lines, root:root 0644)",
         "as rendered (6 lines, root:root 0644)")
     lowered = {settings["path"]: (("0644", "root:root"), written.replace(" 350 ", " 300 "))}
-    assert row(test_managed_files.test_managed_file, settings, gpu=gpus, gpu_problem=None, managed_files=lowered)[3] == (
+    assert row(managed_files.managed_file, settings, gpu=gpus, gpu_problem=None, managed_files=lowered)[3] == (
         "line 6: 'GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a 300  # GPU 0, power_limit default' instead of "
         "'GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a 350  # GPU 0, power_limit default' (root:root 0644)")
-    assert row(test_managed_files.test_managed_file, settings, gpu=None, gpu_problem="nvidia-smi not on the PATH",
+    assert row(managed_files.managed_file, settings, gpu=None, gpu_problem="nvidia-smi not on the PATH",
                managed_files=found)[::3] == ("n/a", "n/a: the GPUs could not be read (nvidia-smi not on the PATH): see GPU count")
 
 
@@ -485,12 +476,12 @@ def test_a_unit_file_systemd_did_not_load_is_left_to_the_units_own_row():
     unit_file = {**UNIT_FILE, "unit": "vllm-chat.service"}
     masked = {"vllm-chat.service": SimpleNamespace(shown={"LoadState": "masked"})}
     linked = {unit_file["path"]: (("0777", "root:root"), "")}  # the mask: a link to /dev/null
-    assert row(test_managed_files.test_managed_file, unit_file, units=masked, managed_files=linked)[::3] == (
+    assert row(managed_files.managed_file, unit_file, units=masked, managed_files=linked)[::3] == (
         "n/a", "n/a: systemd did not load vllm-chat.service (masked): see vllm-chat.service: unit file")
     loaded = {"vllm-chat.service": SimpleNamespace(shown={"LoadState": "loaded"})}
-    assert row(test_managed_files.test_managed_file, unit_file, units=loaded, managed_files=linked)[0] == "failed"
+    assert row(managed_files.managed_file, unit_file, units=loaded, managed_files=linked)[0] == "failed"
     boot = {**UNIT_FILE, "path": BOOT_UNIT["fragment"], "unit": BOOT_UNIT["name"], "skip": None}
-    assert row(test_managed_files.test_managed_file, boot, units={}, gpu_boot_unit={**RAN, "LoadState": "masked"},
+    assert row(managed_files.managed_file, boot, units={}, gpu_boot_unit={**RAN, "LoadState": "masked"},
                managed_files={boot["path"]: (("0777", "root:root"), "")})[::3] == (
         "n/a", "n/a: nvidia-gpu-limits.service is masked: see nvidia-gpu-limits.service: enabled")
 
@@ -521,5 +512,5 @@ def test_the_venvs_are_the_running_version_and_at_most_one_previous(tmp_path, pi
     if unversioned:
         (tmp_path / "venv").mkdir()
     install = install_paths(tmp_path, pinned)
-    assert row(test_vllm_install.test_vllm_versions, install, vllm_venvs=venvs_read(tmp_path, install)) == (
+    assert row(vllm_install.vllm_versions, install, vllm_venvs=venvs_read(tmp_path, install)) == (
         status, f"vLLM versions in {tmp_path}", f"{pinned} running, at most one previous", actual.format(root=tmp_path))

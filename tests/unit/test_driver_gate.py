@@ -4,11 +4,9 @@ data in the catalogs; `provision facts` (the driver and the newest CUDA it suppo
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,9 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from provisioner.apply import apply_spec
-from provisioner.audit.checks import Audit, Case, Drift
+from provisioner.audit.checks import nvidia_driver
+from provisioner.audit.checks.gpu import parse_gpu
 from provisioner.audit.expectations import spec_targets
-from provisioner.audit.suite.facts import Output, host_commands, parse_driver_install, parse_gpu
+from provisioner.audit.engine import Output, host_commands
+from provisioner.audit.registry import Audit, Case, Drift, NotApplicable
 from provisioner.cli.main import app
 from provisioner.gpu.facts import read_facts, smi_facts
 from provisioner.gpu.smi import parse_cuda_version, query_arguments
@@ -379,24 +379,15 @@ def test_facts_json_has_the_branch_and_a_verdict_per_build(tmp_path):
 # --------------------------------------------------------------------------- the audit's row
 
 
-def suite_check(name: str):
-    """A check of the suite's driver file, imported as the audit's pytest run imports it (not collected here;
-    its `audit_each` mark is registered by the audit's plugin only)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        return getattr(importlib.import_module("provisioner.audit.suite.test_nvidia_driver"), name)
-
-
 def driver_row():
-    return suite_check("test_driver_runs_the_vllm_build")
+    return nvidia_driver.driver_runs_the_vllm_build
 
 
 def run_row(expected: dict, query_csv: str):
     facts, problem = parse_gpu(Output(query_csv, 0), "nvidia-smi")
-    item = SimpleNamespace(user_properties=[])
-    driver_row()(Case("ws3090", expected, expected["driver"]), SimpleNamespace(gpu=facts, gpu_problem=problem),
-                 Audit(item))
-    return dict(item.user_properties)
+    audit = Audit()
+    driver_row()(Case("ws3090", expected, expected["driver"]), SimpleNamespace(gpu=facts, gpu_problem=problem), audit)
+    return audit.row
 
 
 def test_the_audit_expects_what_the_hosts_venv_build_needs():
@@ -441,24 +432,21 @@ def driver_facts(expected: dict, dpkg: str, modules: str, loaded: str | None = N
     out = {"driver_release": Output("bookworm\n", 0), "driver_packages": Output(dpkg, 0),
            "driver_modules": Output(modules, 0),
            "driver_loaded": Output(loaded or "cat: /sys/module/nvidia/version: No such file or directory\n", 0 if loaded else 1)}
-    facts = SimpleNamespace(container=container, driver_release=None, driver_packages={}, driver_modules={}, driver_loaded=None)
-    parse_driver_install(facts, out)
-    return facts
+    return SimpleNamespace(container=container, **nvidia_driver.read(expected, out))
 
 
 def run_driver_rows(expected: dict, facts) -> dict[str, tuple[str, str, str]]:
     """Each row of role nvidia_driver as the audit reports it: check -> (status, expected, actual)."""
     rows = {}
-    for check in map(suite_check, ("test_driver_packages", "test_driver_module_built", "test_driver_loaded")):
-        item = SimpleNamespace(user_properties=[])
-        status = "passed"
+    for check in (nvidia_driver.driver_packages, nvidia_driver.driver_module_built, nvidia_driver.driver_loaded):
+        audit, status = Audit(), "passed"
         try:
-            check(Case("ws3090", expected, expected["driver_install"]), facts, Audit(item))
+            check(Case("ws3090", expected, expected["driver_install"]), facts, audit)
         except Drift:
             status = "failed"
-        except pytest.skip.Exception:
+        except NotApplicable:
             status = "n/a"
-        found = dict(item.user_properties)
+        found = audit.row
         rows[found["check"]] = (status, found["expected"], found["actual"])
     return rows
 

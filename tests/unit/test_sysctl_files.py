@@ -175,11 +175,12 @@ def test_a_link_into_etc_has_its_target_edited(root):
     assert (plan["source"], plan["write"]) == ("/etc/sysctl.d/99-sysctl.conf", "/etc/sysctl.conf")
 
 
-# ---------------------------------------------------------------- the audit's reader (provisioner/audit/suite/facts.py)
+# ---------------------------------------------------------------- the audit's reader (provisioner/audit/checks/sysctl.py)
 
 
 def test_the_audit_reads_the_files_as_json_and_a_comment_cannot_pose_as_a_file(root):
-    from provisioner.audit.suite.facts import Output, parse_sysctl
+    from provisioner.audit.checks.sysctl import parse_sysctl
+    from provisioner.audit.engine import Output
 
     root.write(OURS, "vm.swappiness = 1\n")
     # `systemd-analyze cat-config` would print this comment as a header: a reader of headers would be fooled
@@ -190,7 +191,7 @@ def test_the_audit_reads_the_files_as_json_and_a_comment_cannot_pose_as_a_file(r
 
 
 def test_the_audits_host_command_runs_the_reader_on_this_machine():
-    from provisioner.audit.suite.facts import host_commands
+    from provisioner.audit.engine import host_commands
 
     expected = {"sysctl": {"file": OURS, "settings": {}}, "nouveau": {"enabled": False}, "shm": {}, "units": []}
     done = subprocess.run(["bash", "-c", host_commands(expected)["sysctl"]], capture_output=True, text=True, timeout=30)
@@ -200,7 +201,8 @@ def test_the_audits_host_command_runs_the_reader_on_this_machine():
 
 
 def test_an_unreadable_answer_says_why():
-    from provisioner.audit.suite.facts import Output, parse_sysctl
+    from provisioner.audit.checks.sysctl import parse_sysctl
+    from provisioner.audit.engine import Output
 
     assert parse_sysctl(Output("bash: line 1: python3: command not found", 127)) == (
         None, "could not read the sysctl.d files (exit 127: bash: line 1: python3: command not found)")

@@ -9,22 +9,20 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from provisioner.audit.checks import Audit, Case, Drift
+from provisioner.audit.checks import vllm_service as checks
 from provisioner.audit.expectations import spec_targets
-from provisioner.audit.suite.facts import Output, dropin_files, parse_unit
+from provisioner.audit.checks.vllm_service import dropin_files, parse_unit
+from provisioner.audit.engine import Output
+from provisioner.audit.registry import Case
 from provisioner.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
 from provisioner.paths import COLLECTION, EXAMPLES_DIR, collections_dir
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec
-
-with warnings.catch_warnings():  # the suite's marker is registered in its own pytest.ini, not here
-    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    from provisioner.audit.suite import test_vllm_service as checks
+from tests.unit.audit_rows import run_row
 
 UNIT = "vllm-chat.service"
 OUR_UNIT = """\
@@ -196,26 +194,9 @@ def test_the_module_refuses_a_shared_dropin_that_changes_a_managed_setting_and_r
 # --------------------------------------------------------------------------- the audit rows
 
 
-class FakeItem:
-    """Where Audit records a row (a pytest item's user_properties): the check functions run without pytest here."""
-
-    def __init__(self):
-        self.user_properties = []
-
-
 def row(check, case, facts) -> tuple[str, str, str, str]:
     """(check, expected, actual, status) of one check function on these facts."""
-    item = FakeItem()
-    try:
-        check(case=case, facts=facts, audit=Audit(item))
-        status = "passed"
-    except Drift:
-        status = "failed"
-    except BaseException as error:  # pytest.skip: not applicable
-        if "not applicable" not in str(error):
-            raise
-        status = "n/a"
-    recorded = dict(item.user_properties)
+    status, recorded = run_row(check, case, facts)
     return recorded["check"], recorded["expected"], recorded["actual"], status
 
 
@@ -244,17 +225,17 @@ def test_a_dropin_fails_the_dropins_row_and_the_value_row_names_it(chat_unit):
     assert dropin_files(Output(lines, 0))[1] == (override, "[Service]\nEnvironment=CUDA_VISIBLE_DEVICES=1\n")
     facts = unit_facts(chat_unit, "LoadState=loaded\nEnvironment=CUDA_VISIBLE_DEVICES=1 CUDA_DEVICE_ORDER=PCI_BUS_ID\n", lines)
     case = Case("ws3090", {}, chat_unit)
-    assert row(checks.test_dropins, case, facts) == (
+    assert row(checks.dropins_applied, case, facts) == (
         f"{name}: drop-ins", "none that change a managed setting",
         f"{limits} sets LimitNOFILE (not managed); {override} sets Environment CUDA_VISIBLE_DEVICES", "failed")
     environment = Case("ws3090", {}, (chat_unit, "CUDA_VISIBLE_DEVICES", chat_unit["environment"]["CUDA_VISIBLE_DEVICES"]))
-    assert row(checks.test_environment, environment, facts)[2:] == (f"1 (from {override})", "failed")
+    assert row(checks.environment, environment, facts)[2:] == (f"1 (from {override})", "failed")
     order = Case("ws3090", {}, (chat_unit, "CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
-    assert row(checks.test_environment, order, facts)[2:] == ("PCI_BUS_ID", "passed")
+    assert row(checks.environment, order, facts)[2:] == ("PCI_BUS_ID", "passed")
 
     only_unmanaged = unit_facts(chat_unit, "LoadState=loaded\n", framed((limits, "[Service]\nLimitNOFILE=4096\n")))
-    assert row(checks.test_dropins, case, only_unmanaged)[2:] == (f"{limits} sets LimitNOFILE (not managed)", "passed")
-    assert row(checks.test_dropins, case, unit_facts(chat_unit, "LoadState=loaded\n"))[2:] == ("none", "passed")
+    assert row(checks.dropins_applied, case, only_unmanaged)[2:] == (f"{limits} sets LimitNOFILE (not managed)", "passed")
+    assert row(checks.dropins_applied, case, unit_facts(chat_unit, "LoadState=loaded\n"))[2:] == ("none", "passed")
 
 
 @pytest.mark.parametrize("shown, actual", [
@@ -272,13 +253,13 @@ def test_a_unit_not_loaded_fails_one_row_that_says_how_to_fix_it_the_others_are_
     name = chat_unit["name"]
     facts = unit_facts(chat_unit, shown.format(name=name) + "ActiveState=active\nSubState=running\n")
     case = Case("ws3090", {}, chat_unit)
-    assert row(checks.test_loaded, case, facts) == (
+    assert row(checks.unit_file, case, facts) == (
         f"{name}: unit file", f"loaded from /etc/systemd/system/{name}", actual.format(name=name), "failed")
-    others = [checks.test_enabled, checks.test_active, checks.test_unit_file_reloaded, checks.test_command_line,
-              checks.test_dropins, checks.test_env_file_mode, checks.test_env_file_owner, checks.test_env_file_content,
-              checks.test_config_file, checks.test_listening, checks.test_health, checks.test_served_models, checks.test_ready]
-    per_key = [(checks.test_property, (chat_unit, key, value)) for key, value in chat_unit["properties"].items()] + [
-        (checks.test_environment, (chat_unit, key, value)) for key, value in chat_unit["environment"].items()]
+    others = [checks.enabled, checks.active, checks.unit_file_reloaded, checks.command_line,
+              checks.dropins_applied, checks.env_file_mode, checks.env_file_owner, checks.env_file_content,
+              checks.config_file, checks.listening, checks.health, checks.served_models, checks.ready]
+    per_key = [(checks.property, (chat_unit, key, value)) for key, value in chat_unit["properties"].items()] + [
+        (checks.environment, (chat_unit, key, value)) for key, value in chat_unit["environment"].items()]
     rows = [row(check, case, facts) for check in others] + [row(check, Case("ws3090", {}, item), facts) for check, item in per_key]
     assert len(rows) > 20
     why = {"masked": "the unit is masked", "not-found": "the unit file is missing",
@@ -291,9 +272,9 @@ def test_the_http_rows_show_the_url_they_asked(chat_unit):
     facts = unit_facts(chat_unit, "LoadState=loaded\n")
     case = Case("ws3090", {}, chat_unit)
     assert chat_unit["url"] == "http://127.0.0.1:8000"  # bound to 0.0.0.0: asked on the host's loopback
-    check, expected, actual, status = row(checks.test_health, case, facts)
+    check, expected, actual, status = row(checks.health, case, facts)
     assert (check, expected, status) == (f"{chat_unit['name']}: GET http://127.0.0.1:8000/health", "200", "failed")
-    assert row(checks.test_served_models, case, facts)[:2] == (
+    assert row(checks.served_models, case, facts)[:2] == (
         f"{chat_unit['name']}: GET http://127.0.0.1:8000/v1/models", ", ".join(chat_unit["served_names"]))
 
 
@@ -312,18 +293,18 @@ def test_the_module_documentation_renders(tmp_path):
 
 
 def test_a_missing_container_fails_one_row_the_settings_of_it_are_na():
-    from provisioner.audit.suite.facts import ContainerFacts
+    from provisioner.audit.checks import vllm_container
+    from provisioner.audit.checks.vllm_container import ContainerFacts
     from provisioner.spec import validate_spec
-    from tests.unit.test_audit_check_docs import containers_spec, suite_function
+    from tests.unit.test_audit_check_docs import containers_spec
 
     (target,) = spec_targets(validate_spec(containers_spec(), check_files=False))
-    names = ["test_running", "test_healthy", "test_image", "test_published_port", "test_shm", "test_restart_policy",
-             "test_health_endpoint"]
+    names = ["running", "healthy", "image", "published_port", "shm", "restart_policy", "health_endpoint"]
     for container in target.expected["vllm_containers"]:
         facts = type("Facts", (), {"containers": {container["name"]: ContainerFacts(None, {}, None, None, None, {})}})()
         case = Case("ws4070", {}, container)
-        found = [row(suite_function("test_vllm_container", name), case, facts) for name in names]
-        found += [row(suite_function("test_vllm_container", "test_gpu_pinning"), Case("ws4070", {}, (container, key, value)),
+        found = [row(getattr(vllm_container, name), case, facts) for name in names]
+        found += [row(vllm_container.gpu_pinning, Case("ws4070", {}, (container, key, value)),
                       facts) for key, value in container["environment"].items()]
         head = f"{container['name']}: {container['engine']} container"
         assert found[0] == (head, "running", "(absent): no container of that name: provision apply creates and starts it",

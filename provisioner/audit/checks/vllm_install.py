@@ -4,14 +4,49 @@ Spec mode, on the hosts where the role runs (not where every instance runs in a 
 read from the venv's package metadata (`importlib.metadata`), without importing vLLM.
 """
 
-from provisioner.audit.checks import each
+import shlex
+
+from provisioner.audit.engine import shown_properties
+from provisioner.audit.registry import each
+
+
+# the venv's vLLM version without importing vllm (slow; the real one may need CUDA)
+VLLM_VERSION = """\
+import importlib.metadata as metadata
+try:
+    print(metadata.version("vllm"))
+except metadata.PackageNotFoundError:
+    print("(not installed)")
+    raise SystemExit(3)
+"""
+# the venvs of role vllm_install: where `current` and `previous` link, every version's venv, the
+# unversioned venv of earlier releases; one KEY=VALUE line each (venvs: space-separated folder names)
+VLLM_VENVS = ("echo current=$(readlink {current}); echo previous=$(readlink {previous}); "
+              "echo venvs=$(ls -1 {venvs} 2>/dev/null | sort -V); [ -d {unversioned} ] && echo unversioned={unversioned}; true")
+
+
+def commands(expected):
+    install = expected.get("vllm_install")
+    if not install:
+        return {}
+    python = shlex.quote(f"{install['venv']}/bin/python")
+    return {
+        "vllm_version": f"[ -x {python} ] || {{ echo no {python}; exit 4; }}; {python} -c {shlex.quote(VLLM_VERSION)}",
+        "vllm_venvs": VLLM_VENVS.format(**{key: shlex.quote(install[key]) for key in ("current", "previous", "venvs", "unversioned")}),
+    }
+
+
+def read(expected, out):
+    """The venv's vLLM version (VLLM_VERSION's output and exit status), and VLLM_VENVS: current, previous, venvs, unversioned."""
+    return {"vllm_version": out.get("vllm_version"),
+            "vllm_venvs": shown_properties(out["vllm_venvs"]) if "vllm_venvs" in out else {}}
 
 installs = each(lambda expected: [expected["vllm_install"]] if expected.get("vllm_install") else [],
                 ids=lambda install: install["venv"])
 
 
 @installs
-def test_vllm_version(case, facts, audit):
+def vllm_version(case, facts, audit):
     """`vLLM in VENV` — the vLLM version installed in the role's venv against `vllm_install_version` (the spec's `vllm.version`).
 
     Modes: spec.
@@ -25,7 +60,7 @@ def test_vllm_version(case, facts, audit):
 
 
 @installs
-def test_vllm_versions(case, facts, audit):
+def vllm_versions(case, facts, audit):
     """`vLLM versions in PATH` — the venv the units run (`current`) against the pinned version's; any venv but it and the previous one (kept for a rollback) is left over.
 
     Modes: spec.

@@ -6,7 +6,26 @@ the role's own template and tasks (provisioner/audit/expectations.py). A unit fi
 these rows n/a: the `file PATH` row of the unit file says so.
 """
 
-from provisioner.audit.checks import UNSET, each
+import shlex
+
+from provisioner.audit.engine import shown_properties
+from provisioner.audit.registry import UNSET, each
+
+
+BOOT_UNIT_STATE = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Result", "ExecMainStatus",
+                   "ExecMainExitTimestamp")
+
+
+def commands(expected):
+    if not expected.get("gpu_boot_unit"):
+        return {}
+    return {"gpu_boot_unit": f"systemctl show {shlex.quote(expected['gpu_boot_unit']['name'])}"
+                             f" --property={','.join(BOOT_UNIT_STATE)}"}
+
+
+def read(expected, out):
+    """`systemctl show` of the nvidia_gpu role's boot unit (None: not expected)."""
+    return {"gpu_boot_unit": shown_properties(out["gpu_boot_unit"]) if "gpu_boot_unit" in out else None}
 
 boot_unit = each(lambda expected: [expected["gpu_boot_unit"]] if expected.get("gpu_boot_unit") else [],
                  ids=lambda unit: unit["name"])
@@ -22,7 +41,7 @@ def loaded(audit, unit: dict, shown: dict, check: str, expected: str) -> None:
 
 
 @boot_unit
-def test_boot_unit_enabled(case, facts, audit):
+def boot_unit_enabled(case, facts, audit):
     """`nvidia-gpu-limits.service: enabled` — the boot unit's file state (`systemctl show UnitFileState`) against the one the role sets: without it the power limits fall back to the card's defaults at the next boot.
 
     Modes: spec.
@@ -34,7 +53,7 @@ def test_boot_unit_enabled(case, facts, audit):
 
 
 @boot_unit
-def test_boot_unit_last_run(case, facts, audit):
+def boot_unit_last_run(case, facts, audit):
     """`nvidia-gpu-limits.service: last run` — the oneshot's last run (`Result`, `ExecMainStatus`, when it exited) and its state since, against a success that left it active (RemainAfterExit=yes).
 
     Modes: spec.

@@ -6,13 +6,74 @@ Spec mode only: what the role's templates render for the instance. A container t
 `CONTAINER: ENGINE container` row alone (with the fix); the rows of its settings and its server are n/a.
 """
 
-from provisioner.audit.checks import ABSENT, UNSET, each
-from provisioner.audit.suite.instance_files import (
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.audit.engine import Output, shown_properties
+from provisioner.audit.instance_files import (
+    env_file_command,
+    env_file_stat,
     expect_config_file,
     expect_env_file_content,
     expect_env_file_mode,
     expect_env_file_owner,
+    http_answers,
+    http_probe_command,
 )
+from provisioner.audit.registry import ABSENT, UNSET, each
+
+
+@dataclass
+class ContainerFacts:
+    inspect: dict[str, Any] | None  # `<engine> inspect <name>`; None: no such container
+    unit: dict[str, str]  # podman: `systemctl show` of the quadlet's unit (ActiveState, Restart)
+    env_file: tuple[str, str] | None
+    env_file_sha256: str | None
+    config_text: str | None
+    http: dict[str, Any]
+
+    def host_config(self, key: str) -> Any:
+        return ((self.inspect or {}).get("HostConfig") or {}).get(key)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        words = ((self.inspect or {}).get("Config") or {}).get("Env") or []
+        return dict(word.split("=", 1) for word in words if "=" in word)
+
+
+def commands(expected):
+    found = {}
+    for index, container in enumerate(expected.get("vllm_containers", [])):
+        name = shlex.quote(container["name"])
+        unit = container["unit"] or container["boot_unit"]
+        found.update({
+            f"container{index}": f"{container['engine']} inspect {name}",
+            f"container_unit{index}": f"systemctl show {shlex.quote(unit)} --property=ActiveState,Restart,UnitFileState",
+            f"container_http{index}": http_probe_command(name, container["url"]),
+            f"container_env_file{index}": env_file_command(container["env_file"]["path"]),
+            f"container_config{index}": f"cat {shlex.quote(container['config_file']['path'])}",
+        })
+    return found
+
+
+def read(expected, out):
+    return {"containers": {container["name"]: parse_container(index, out)
+                           for index, container in enumerate(expected.get("vllm_containers", []))}}
+
+
+def parse_container(index: int, out: dict[str, Output]) -> ContainerFacts:
+    inspect = out[f"container{index}"]
+    try:
+        found = json.loads(inspect.text) if inspect.rc == 0 else []
+    except ValueError:
+        found = []
+    unit = out.get(f"container_unit{index}")
+    stat, sha256 = env_file_stat(out[f"container_env_file{index}"])
+    config = out[f"container_config{index}"]
+    return ContainerFacts(found[0] if found else None, shown_properties(unit) if unit else {}, stat, sha256,
+                          config.text if config.rc == 0 else None, http_answers(out[f"container_http{index}"].text))
 
 containers = each(lambda expected: expected.get("vllm_containers", []), ids=lambda container: container["name"])
 # podman: the quadlet's generated unit runs the container
@@ -35,7 +96,7 @@ def present(audit, container: dict, facts, check: str, expected) -> None:
 
 
 @containers
-def test_running(case, facts, audit):
+def running(case, facts, audit):
     """`CONTAINER: ENGINE container` — the container's state (docker/podman inspect) against `running`.
 
     Modes: spec.
@@ -48,7 +109,7 @@ def test_running(case, facts, audit):
 
 
 @containers
-def test_healthy(case, facts, audit):
+def healthy(case, facts, audit):
     """`CONTAINER: health` — the container's health check status against `healthy`.
 
     Modes: spec.
@@ -65,7 +126,7 @@ boot_units = each(lambda expected: [container for container in expected.get("vll
 
 
 @boot_units
-def test_boot_unit_enabled(case, facts, audit):
+def boot_unit_enabled(case, facts, audit):
     """`UNIT: enabled` — the unit that brings the container up at boot (docker) is enabled.
 
     Modes: spec.
@@ -76,7 +137,7 @@ def test_boot_unit_enabled(case, facts, audit):
 
 
 @with_unit
-def test_unit_active(case, facts, audit):
+def unit_active(case, facts, audit):
     """`UNIT: active` — the unit podman generates from the quadlet, against `active`.
 
     Modes: spec.
@@ -86,7 +147,7 @@ def test_unit_active(case, facts, audit):
 
 
 @containers
-def test_image(case, facts, audit):
+def image(case, facts, audit):
     """`CONTAINER: image` — the image the container was created from against the one the spec pins.
 
     Modes: spec.
@@ -100,7 +161,7 @@ def test_image(case, facts, audit):
 
 
 @containers
-def test_published_port(case, facts, audit):
+def published_port(case, facts, audit):
     """`CONTAINER: published port PORT` — the host address and port the server's port is published on.
 
     Modes: spec.
@@ -116,7 +177,7 @@ def test_published_port(case, facts, audit):
 
 
 @containers
-def test_shm(case, facts, audit):
+def shm(case, facts, audit):
     """`CONTAINER: /dev/shm bytes` or `CONTAINER: IPC namespace` — the container's /dev/shm size, or the host's IPC.
 
     Modes: spec.
@@ -135,7 +196,7 @@ def test_shm(case, facts, audit):
 
 
 @containers
-def test_restart_policy(case, facts, audit):
+def restart_policy(case, facts, audit):
     """`UNIT: Restart` or `CONTAINER: restart policy` — systemd's Restart= (podman) or docker's restart policy.
 
     Modes: spec.
@@ -151,7 +212,7 @@ def test_restart_policy(case, facts, audit):
 
 
 @pinning
-def test_gpu_pinning(case, facts, audit):
+def gpu_pinning(case, facts, audit):
     """`CONTAINER: Env NAME` — CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER in the container against the spec's GPUs.
 
     Modes: spec.
@@ -162,7 +223,7 @@ def test_gpu_pinning(case, facts, audit):
 
 
 @containers
-def test_env_file_mode(case, facts, audit):
+def env_file_mode(case, facts, audit):
     """`CONTAINER: env file mode` — the env file's mode against the one the role sets.
 
     Modes: spec.
@@ -173,7 +234,7 @@ def test_env_file_mode(case, facts, audit):
 
 
 @containers
-def test_env_file_owner(case, facts, audit):
+def env_file_owner(case, facts, audit):
     """`CONTAINER: env file owner` — the env file's owner:group against the one the role sets.
 
     Modes: spec.
@@ -184,7 +245,7 @@ def test_env_file_owner(case, facts, audit):
 
 
 @containers
-def test_env_file_content(case, facts, audit):
+def env_file_content(case, facts, audit):
     """`CONTAINER: env file content` — the env file's sha256 against the file rendered with the real key (never shown).
 
     Modes: spec.
@@ -195,7 +256,7 @@ def test_env_file_content(case, facts, audit):
 
 
 @containers
-def test_config_file(case, facts, audit):
+def config_file(case, facts, audit):
     """`CONTAINER: config file PATH` — the `vllm serve --config` file against the rendered one (the first differing line).
 
     Modes: spec.
@@ -205,7 +266,7 @@ def test_config_file(case, facts, audit):
 
 
 @containers
-def test_health_endpoint(case, facts, audit):
+def health_endpoint(case, facts, audit):
     """`CONTAINER: GET URL/health` — the HTTP status of the server's /health, asked on the host, against 200.
 
     Modes: spec.

@@ -8,15 +8,53 @@ Where role nvidia_driver manages the driver (`driver:` in the spec, manage true)
 release installed in the branch and held, its module built for every kernel with headers, and loaded.
 """
 
-from provisioner.audit.checks import each
+import shlex
+
+from provisioner.audit.registry import each
 from provisioner.gpu import checks as gpu
 from provisioner.module_utils import driver_state
+
+
+# role nvidia_driver's: the release, the packages dpkg knows (the module's own format), the driver module's
+# version for each kernel DKMS builds for (those with headers: /lib/modules/K/build), the loaded module's
+DRIVER_RELEASE = '. /etc/os-release && echo "$VERSION_CODENAME"'
+DRIVER_MODULES = ('for dir in /lib/modules/*/; do kernel=$(basename "$dir"); [ -e "$dir/build" ] || continue; '
+                  'for module in {modules}; do echo "$kernel $module $(modinfo -k "$kernel" -F version "$module" 2>/dev/null)"; '
+                  'done; done')
+
+
+def commands(expected):
+    install = expected.get("driver_install")
+    if not install:
+        return {}
+    modules = sorted({chosen["module"] for chosen in install["sets"].values() if isinstance(chosen, dict)})
+    return {
+        "driver_release": DRIVER_RELEASE,
+        "driver_packages": f"dpkg-query --show --showformat={shlex.quote(driver_state.DPKG_FORMAT)}",
+        "driver_modules": DRIVER_MODULES.format(modules=" ".join(map(shlex.quote, modules))),
+        "driver_loaded": "cat /sys/module/nvidia/version",
+    }
+
+
+def read(expected, out):
+    """Where role nvidia_driver manages the driver: the release codename, {package: {version, want, status}},
+    {kernel: {module: version or ""}} for the kernels with headers, the loaded nvidia module's version (None: not loaded)."""
+    if "driver_release" not in out:
+        return {"driver_release": None, "driver_packages": {}, "driver_modules": {}, "driver_loaded": None}
+    modules = {}
+    for line in out["driver_modules"].text.splitlines():
+        kernel, module, *version = line.split()
+        modules.setdefault(kernel, {})[module] = version[0] if version else ""
+    return {"driver_release": out["driver_release"].text.strip() or None,
+            "driver_packages": driver_state.parse_dpkg_query(out["driver_packages"].text),
+            "driver_modules": modules,
+            "driver_loaded": out["driver_loaded"].text.strip() if out["driver_loaded"].rc == 0 else None}
 
 needs = each(lambda expected: [expected["driver"]] if expected.get("driver") else [], ids=lambda _: "driver")
 
 
 @needs
-def test_driver_runs_the_vllm_build(case, facts, audit):
+def driver_runs_the_vllm_build(case, facts, audit):
     """`driver ≥ what vLLM VERSION (CUDA X.Y) needs` — the driver nvidia-smi reports against the branch the host's vLLM build needs (≥ 580 for a CUDA 13 build, ≥ 525 for CUDA 12).
 
     Modes: spec.
@@ -47,7 +85,7 @@ def installed_driver(install: dict, facts) -> str | None:
 
 
 @installs
-def test_driver_packages(case, facts, audit):
+def driver_packages(case, facts, audit):
     """`driver packages: SOURCE BRANCH` — role nvidia_driver's package set for the host's release (its vars/packages.yml, chosen by its module's code): each installed at a version of the branch (the exact version when one is pinned), held when the role holds them.
 
     Modes: spec.
@@ -71,7 +109,7 @@ def test_driver_packages(case, facts, audit):
 
 
 @installs
-def test_driver_module_built(case, facts, audit):
+def driver_module_built(case, facts, audit):
     """`driver module MODULE` — the set's kernel module (modinfo -k KERNEL) at the installed driver's version for every kernel with headers (DKMS builds for those).
 
     Modes: spec.
@@ -89,7 +127,7 @@ def test_driver_module_built(case, facts, audit):
 
 
 @installs
-def test_driver_loaded(case, facts, audit):
+def driver_loaded(case, facts, audit):
     """`driver loaded` — the running nvidia module (/sys/module/nvidia/version) is the installed driver; n/a in a container (no kernel of its own) and where no GPU is expected.
 
     Modes: spec.

@@ -3,8 +3,53 @@
 A container has no kernel, initramfs or boot loader of its own: those checks are n/a there.
 """
 
-from provisioner.audit.checks import ABSENT, each
+import shlex
+
+from provisioner.audit.registry import ABSENT, each
 from provisioner.audit.text import modprobe_dry_run
+
+
+MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
+INITRAMFS_SCRIPT = """\
+image=/boot/initrd.img-$(uname -r)
+if [ ! -e "$image" ]; then echo "no initramfs at $image"; exit 3; fi
+if ! command -v lsinitramfs >/dev/null; then echo "no lsinitramfs to read $image"; exit 3; fi
+echo "$image"; lsinitramfs "$image" | grep -x -F {path}"""
+
+
+def commands(expected):
+    nouveau = expected["nouveau"]
+    found = {
+        "modprobe": "cat " + " ".join(f"{directory}/*.conf" for directory in MODPROBE_DIRS) + " 2>/dev/null",
+        "cmdline": "cat /proc/cmdline",
+    }
+    for index, path in enumerate(nouveau_files(nouveau)):
+        found[f"file{index}"] = f"cat {shlex.quote(path)}"
+    for index, module in enumerate(nouveau.get("modules", [])):
+        found[f"modprobe_dry{index}"] = f"modprobe -n -v {shlex.quote(module)}"
+    if nouveau.get("initramfs_file"):
+        found["initramfs"] = INITRAMFS_SCRIPT.format(path=shlex.quote(nouveau["initramfs_file"]))
+    if nouveau.get("reboot_marker"):
+        found["reboot"] = f"cat {shlex.quote(nouveau['reboot_marker']['path'])}"
+    return found
+
+
+def read(expected, out):
+    nouveau = expected["nouveau"]
+    return {
+        "files": {path: out[f"file{index}"].text if out[f"file{index}"].rc == 0 else None
+                  for index, path in enumerate(nouveau_files(nouveau))},
+        "modprobe_lines": {" ".join(line.split()) for line in out["modprobe"].text.splitlines()},
+        # module → what `modprobe -n -v module` would do
+        "modprobe_dry_runs": {module: out[f"modprobe_dry{index}"] for index, module in enumerate(nouveau.get("modules", []))},
+        "cmdline": out["cmdline"].text.split(),
+        "initramfs": out.get("initramfs"),
+        "reboot_lines": set(out["reboot"].text.splitlines()) if "reboot" in out and out["reboot"].rc == 0 else set(),
+    }
+
+
+def nouveau_files(nouveau):
+    return [*nouveau.get("files", {}), *nouveau.get("absent_files", [])]
 
 
 def when_enabled(key: str):
@@ -13,7 +58,7 @@ def when_enabled(key: str):
 
 
 @each(lambda expected: expected["nouveau"].get("files", {}).items(), ids=lambda file: file[0])
-def test_file(case, facts, audit):
+def file(case, facts, audit):
     """`nouveau file: PATH` — each file the nouveau role writes, its whole content against the rendered template.
 
     Modes: spec.
@@ -23,7 +68,7 @@ def test_file(case, facts, audit):
 
 
 @each(lambda expected: expected["nouveau"].get("absent_files", []))
-def test_file_removed(case, facts, audit):
+def file_removed(case, facts, audit):
     """`nouveau file: PATH` — a file the role removes (blacklisting turned off) is absent.
 
     Modes: spec.
@@ -33,7 +78,7 @@ def test_file_removed(case, facts, audit):
 
 
 @when_enabled("modprobe_lines")
-def test_blacklisted_in_modprobe_config(case, facts, audit):
+def blacklisted_in_modprobe_config(case, facts, audit):
     """`nouveau blacklisted in modprobe.d` — the blacklist's lines (as the role renders them) found in modprobe.d.
 
     Modes: spec, profile.
@@ -44,7 +89,7 @@ def test_blacklisted_in_modprobe_config(case, facts, audit):
 
 
 @when_enabled("initramfs_file")
-def test_in_initramfs(case, facts, audit):
+def in_initramfs(case, facts, audit):
     """`nouveau blacklist in the initramfs` — the current initramfs holds our modprobe.d file (lsinitramfs); else n/a.
 
     Modes: spec.
@@ -60,7 +105,7 @@ def test_in_initramfs(case, facts, audit):
 
 
 @each(lambda expected: expected["nouveau"].get("modules", []))
-def test_modprobe_refuses_module(case, facts, audit):
+def modprobe_refuses_module(case, facts, audit):
     """`modprobe refuses MODULE` — what `modprobe -n -v MODULE` would do: an install line instead of loading it.
 
     Modes: spec, profile.
@@ -76,7 +121,7 @@ def test_modprobe_refuses_module(case, facts, audit):
 
 
 @when_enabled("cmdline_flags")
-def test_kernel_cmdline(case, facts, audit):
+def kernel_cmdline(case, facts, audit):
     """`kernel cmdline: nouveau flags` — the role's kernel flags found in /proc/cmdline; n/a in a container.
 
     Modes: spec, profile.
@@ -90,7 +135,7 @@ def test_kernel_cmdline(case, facts, audit):
 
 
 @when_enabled("reboot_marker")
-def test_no_reboot_pending(case, facts, audit):
+def no_reboot_pending(case, facts, audit):
     """`reboot pending for nouveau` — no reboot the role asked for is still pending (its reboot marker line).
 
     Modes: spec.

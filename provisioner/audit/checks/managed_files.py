@@ -14,20 +14,45 @@ the API key, compared by sha256, never shown) and the `vllm serve --config` file
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import shlex
 from typing import Any
 
-from provisioner.audit.checks import ABSENT, each
-from provisioner.audit.suite.instance_files import first_difference
-from provisioner.module_utils import gpu_settings
+from provisioner.audit.engine import Output
+from provisioner.audit.instance_files import first_difference
+from provisioner.audit.registry import ABSENT, each
 from provisioner.file_formats import systemd_words
+from provisioner.module_utils import gpu_settings
 from provisioner.roles import render_role_file
+
+
+def commands(expected):
+    # mode and owner, then the content in base64 (one line: no framing to escape)
+    return {f"managed{index}": f"stat -c '%a %U:%G' {shlex.quote(managed['path'])} && base64 -w0 {shlex.quote(managed['path'])}"
+            for index, managed in enumerate(expected.get("managed_files", []))}
+
+
+def read(expected, out):
+    """Each managed file by path: ((mode, owner:group), its content); None: absent."""
+    return {"managed_files": {managed["path"]: file_read(out[f"managed{index}"])
+                              for index, managed in enumerate(expected.get("managed_files", []))}}
+
+
+def file_read(out: Output) -> tuple[tuple[str, str], str] | None:
+    """((mode, owner:group), content) of the managed-file command's output; None: absent (or unreadable)."""
+    lines = out.text.splitlines()
+    if out.rc != 0 or not lines:
+        return None
+    mode, owner = lines[0].split()
+    content = base64.b64decode(lines[1] if len(lines) > 1 else "").decode("utf-8", "replace")
+    return (mode.zfill(4), owner), content
 
 managed = each(lambda expected: expected.get("managed_files", []), ids=lambda file: file["path"])
 
 
 @managed
-def test_managed_file(case, facts, audit):
+def managed_file(case, facts, audit):
     """`file PATH` — a file a role writes, against the role's own: present, its content (the first differing line), its owner and mode.
 
     Modes: spec.

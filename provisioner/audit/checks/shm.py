@@ -6,10 +6,22 @@ Spec mode expects exactly `shm_size` (rounded up to whole pages, as tmpfs does);
 
 import re
 
-from provisioner.audit.checks import ABSENT, each
+from provisioner.audit.engine import Output
+from provisioner.audit.registry import ABSENT, check, each
 
 
-def test_size(case, facts, audit):
+def commands(expected):
+    return {"fstab": "cat /etc/fstab", "shm": "findmnt -n -b -o SIZE /dev/shm", "page_size": "getconf PAGESIZE"}
+
+
+def read(expected, out):
+    shm: Output = out["shm"]
+    return {"fstab": out["fstab"].text, "page_size": int(out["page_size"].text),
+            "shm_bytes": int(shm.text) if shm.rc == 0 and shm.text.strip().isdigit() else None}
+
+
+@check
+def size(case, facts, audit):
     """`/dev/shm size` — the mounted size (page-rounded) against `shm_size` (spec) or at least `shm_size_min` (profile).
 
     Modes: spec, profile.
@@ -28,7 +40,7 @@ def test_size(case, facts, audit):
 
 
 @each(lambda expected: [expected["shm"]] if expected["shm"].get("fstab_line") else [], ids=lambda _: "fstab")
-def test_fstab_line(case, facts, audit):
+def fstab_line(case, facts, audit):
     """`/dev/shm in /etc/fstab` — the /etc/fstab lines mounting /dev/shm against the one the shm role writes.
 
     Modes: spec.

@@ -5,8 +5,50 @@ Spec mode checks the GPUs the spec lists; profile mode the GPUs nvidia-smi lists
 and power limit are reported, not compared: a server we did not build states no target).
 """
 
-from provisioner.audit.checks import ABSENT, REPORTED, each
+import shlex
+
+from provisioner.audit.engine import Output
+from provisioner.audit.registry import ABSENT, REPORTED, each
 from provisioner.gpu import checks as gpu
+from provisioner.gpu.facts import GpuFacts, facts_from_data
+from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
+
+
+def commands(expected):
+    if not (expected.get("gpu") or expected.get("driver")):
+        return {}
+    # the query alone: the checks need no topology (read_smi_facts leaves the links unknown); its
+    # driver_version is the driver row's actual value too
+    return {"gpu": shlex.join([gpu_reader(expected), *query_arguments()])}
+
+
+def read(expected, out):
+    """The GPUs (read where they are expected) or why they could not be read."""
+    gpus, problem = parse_gpu(out["gpu"], gpu_reader(expected)) if "gpu" in out else (None, None)
+    return {"gpu": gpus, "gpu_problem": problem}
+
+
+def gpu_reader(expected) -> str:
+    """The nvidia-smi the GPU and driver rows read with (the nvidia_gpu role's)."""
+    return (expected.get("gpu") or expected["driver"])["nvidia_smi"]
+
+
+def parse_gpu(out: Output, nvidia_smi: str) -> tuple[GpuFacts | None, str | None]:
+    """The GPU facts of `nvidia-smi --query-gpu` (the module's own parser), or why there are none."""
+    if out.rc != 0:
+        lines = out.text.strip().splitlines()
+        why = "not on the PATH" if out.rc == 127 else f"exited {out.rc}: {lines[-1] if lines else 'no output'}"
+        return None, f"{nvidia_smi} {why}"
+
+    def answer(arguments: list[str]) -> str:
+        if arguments != query_arguments():
+            raise SmiError("the audit reads no topology")
+        return out.text
+
+    try:
+        return facts_from_data(read_smi_facts(answer)), None
+    except SmiError as error:
+        return None, f"{nvidia_smi}: {error}"
 
 host_gpus = each(lambda expected: [expected["gpu"]] if expected.get("gpu") else [], ids=lambda _: "gpus")
 devices = each(lambda expected: (expected.get("gpu") or {}).get("devices", []), ids=lambda device: f"gpu{device['index']}")
@@ -27,7 +69,7 @@ def gpu_of(facts, audit, check: str, expected: str, index: int):
 
 
 @host_gpus
-def test_gpu_count(case, facts, audit):
+def gpu_count(case, facts, audit):
     """`GPU count` — the GPUs nvidia-smi lists against `nvidia_gpu_expected_count` (reported where it is null).
 
     Modes: spec, profile.
@@ -41,7 +83,7 @@ def test_gpu_count(case, facts, audit):
 
 
 @devices
-def test_gpu_model(case, facts, audit):
+def gpu_model(case, facts, audit):
     """`GPU N model` — the card's name as nvidia-smi reports it against the spec's `model` (reported where none is set).
 
     Modes: spec, profile.
@@ -50,7 +92,7 @@ def test_gpu_model(case, facts, audit):
 
 
 @devices
-def test_gpu_uuid(case, facts, audit):
+def gpu_uuid(case, facts, audit):
     """`GPU N uuid` — the card's UUID against the spec's `uuid` (reported where none is set).
 
     Modes: spec, profile.
@@ -65,7 +107,7 @@ def listed_check(case, facts, audit, field: str, check_of) -> None:
 
 
 @devices
-def test_gpu_power_limit(case, facts, audit):
+def gpu_power_limit(case, facts, audit):
     """`GPU N power limit` — the enforced limit against the target ±1 W (`max`/`default` resolved); profile: reported.
 
     Modes: spec, profile.
@@ -79,7 +121,7 @@ def test_gpu_power_limit(case, facts, audit):
 
 
 @devices
-def test_gpu_persistence_mode(case, facts, audit):
+def gpu_persistence_mode(case, facts, audit):
     """`GPU N persistence mode` — on or off against `nvidia_gpu_persistence_mode`; n/a where that is null.
 
     Modes: spec, profile.
@@ -92,7 +134,7 @@ def test_gpu_persistence_mode(case, facts, audit):
 
 
 @devices
-def test_gpu_pcie_link_width(case, facts, audit):
+def gpu_pcie_link_width(case, facts, audit):
     """`GPU N PCIe link width` — the current link width against the card's maximum (narrower: a downtrained link).
 
     Modes: spec, profile.
@@ -102,7 +144,7 @@ def test_gpu_pcie_link_width(case, facts, audit):
 
 
 @devices
-def test_gpu_pcie_link_generation(case, facts, audit):
+def gpu_pcie_link_generation(case, facts, audit):
     """`GPU N PCIe link generation` — the current generation against the maximum (an idle card's slower link passes).
 
     Modes: spec, profile.
@@ -112,7 +154,7 @@ def test_gpu_pcie_link_generation(case, facts, audit):
 
 
 @devices
-def test_gpu_throttle_reasons(case, facts, audit):
+def gpu_throttle_reasons(case, facts, audit):
     """`GPU N throttle reasons` — the active throttle reasons: any beyond idle and clock settings fails.
 
     Modes: spec, profile.

@@ -6,7 +6,30 @@ host: node_exporter's /metrics, Prometheus's /api/v1/targets); the targets expec
 provisioner/monitoring.py writes into the scrape configuration.
 """
 
-from provisioner.audit.checks import each
+import shlex
+
+from provisioner.audit.engine import json_answer
+from provisioner.audit.instance_files import PROBES, PROBE_TIMEOUT_S
+from provisioner.audit.registry import each
+
+
+MONITORING_PROBE = PROBES / "monitoring_probe.py"  # node_exporter's and Prometheus's answers
+
+
+def commands(expected):
+    monitoring = expected.get("monitoring")
+    if not monitoring:
+        return {}
+    urls = [monitoring["exporter"]["url"]] + ([monitoring["prometheus"]["url"]] if monitoring.get("prometheus") else [])
+    return {"monitoring": f"timeout {2 * PROBE_TIMEOUT_S} python3 -c {shlex.quote(MONITORING_PROBE.read_text())} "
+                          + " ".join(map(shlex.quote, urls))}
+
+
+def read(expected, out):
+    """MONITORING_PROBE's answer: {exporter: {answers, nvsmi_up, nvsmi_age_s} or {error}, prometheus: {targets}
+    or {error}}, and why the probe gave none."""
+    answer, problem = json_answer(out["monitoring"], dict) if "monitoring" in out else (None, None)
+    return {"monitoring": answer, "monitoring_problem": problem}
 
 exporter = each(lambda expected: [expected["monitoring"]["exporter"]] if expected.get("monitoring") else [],
                 ids=lambda item: "node_exporter")
@@ -26,7 +49,7 @@ def answer(facts, part: str) -> dict:
 
 
 @exporter
-def test_node_exporter_answers(case, facts, audit):
+def node_exporter_answers(case, facts, audit):
     """`node_exporter: answers` — node_exporter's /metrics asked from the host itself (its port from the spec): without it Prometheus has no host or GPU metrics from this host.
 
     Modes: spec.
@@ -37,7 +60,7 @@ def test_node_exporter_answers(case, facts, audit):
 
 
 @gpu_timer
-def test_gpu_metrics_fresh(case, facts, audit):
+def gpu_metrics_fresh(case, facts, audit):
     """`node_exporter: GPU metrics` — the GPU timer's `nvsmi_up` and the age of `nvsmi_timestamp_seconds` in node_exporter's answer: nvidia-smi answered within three of the timer's intervals (and 10 s).
 
     Modes: spec.
@@ -58,7 +81,7 @@ def test_gpu_metrics_fresh(case, facts, audit):
 
 
 @targets
-def test_prometheus_target_up(case, facts, audit):
+def prometheus_target_up(case, facts, audit):
     """`prometheus: JOB/INSTANCE up` — the target's health in Prometheus's /api/v1/targets on the monitoring host (`up == 1`), for every target of the spec: node_exporter of each host, each instance's /metrics.
 
     Modes: spec.

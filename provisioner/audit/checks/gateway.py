@@ -1,17 +1,46 @@
 """Role gateway's HAProxy: `haproxy.service` enabled and active, as the role's systemd_service task leaves it.
 
 Spec mode, on the hosts that run a gateway (the inventory's group `gateway`). Its configuration,
-/etc/haproxy/haproxy.cfg, is a `file PATH` row (test_managed_files.py): compared with the role's own
+/etc/haproxy/haproxy.cfg, is a `file PATH` row (managed_files.py): compared with the role's own
 template rendered with the real API keys, the differing line shown redacted.
 """
 
-from provisioner.audit.checks import UNSET, each
+import shlex
+
+from provisioner.audit.engine import json_answer, shown_properties
+from provisioner.audit.registry import UNSET, each
+from provisioner.paths import module_utils_file
+
+
+# HAProxy's routes and the drains vllm-provision recorded, read on the gateway host by the modules' own code
+HAPROXY_READER = module_utils_file("haproxy_runtime")
+
+
+def commands(expected):
+    if not expected.get("gateway"):
+        return {}
+    gateway = expected["gateway"]
+    return {
+        "gateway": f"systemctl show {shlex.quote(gateway['name'])} --property=LoadState,UnitFileState,ActiveState",
+        "gateway_routes": shlex.join(["python3", "-c", HAPROXY_READER.read_text(), "read", gateway["record_dir"],
+                                      gateway["socket"]]),
+    }
+
+
+def read(expected, out):
+    """`systemctl show` of haproxy.service, and HAPROXY_READER's answer: {backends: {backend: {server: state}},
+    records: {BACKEND/SERVER: record}} or {error} (both None where no gateway is expected)."""
+    if "gateway" not in out:
+        return {"gateway": None, "gateway_routes": None}
+    answer, problem = json_answer(out["gateway_routes"], dict)
+    return {"gateway": shown_properties(out["gateway"]),
+            "gateway_routes": answer if answer is not None else {"error": problem}}
 
 gateway = each(lambda expected: [expected["gateway"]] if expected.get("gateway") else [], ids=lambda unit: unit["name"])
 
 
 @gateway
-def test_gateway_enabled(case, facts, audit):
+def gateway_enabled(case, facts, audit):
     """`haproxy.service: enabled` — the unit file state (`systemctl show UnitFileState`) against the one the role sets: a disabled gateway is gone after the next boot.
 
     Modes: spec.
@@ -25,7 +54,7 @@ def test_gateway_enabled(case, facts, audit):
 
 
 @gateway
-def test_gateway_active(case, facts, audit):
+def gateway_active(case, facts, audit):
     """`haproxy.service: active` — the service's state (`systemctl show ActiveState`): without it no client reaches any route.
 
     Modes: spec.
@@ -53,7 +82,7 @@ def gateway_view(state: dict, record: dict | None) -> str:
 
 
 @replicas
-def test_gateway_replica_in_rotation(case, facts, audit):
+def gateway_replica_in_rotation(case, facts, audit):
     """`gateway BACKEND/SERVER (MODEL)` — the gateway's view of each replica of each route (HAProxy's `show stat` and `show servers state` on its admin socket, and the drains vllm-provision recorded) against `ready, UP`: a replica drained (by a rollout that failed or was interrupted, or by an operator), in maintenance or failing its health check serves no client.
 
     Modes: spec.

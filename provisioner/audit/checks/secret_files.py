@@ -3,7 +3,7 @@
 Spec and profile modes. A file holds a secret when provisioner/secrets.py's rules find one in it (`VLLM_API_KEY=…`,
 `--api-key …`, `*_TOKEN=…`, `*_PASS=…`, a URL's password…; not in an executable, whose code the rules do not
 read) or when it holds a value the spec declares secret (its API keys, its env secrets: looked for by their
-sha256, the suite is never handed them). The instances' env
+sha256, the checks are never handed them). The instances' env
 files hold the secrets by design: their own rows (`UNIT: EnvironmentFile mode`, `owner`) want them 0600 root.
 """
 
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from provisioner.audit.registry import check
 from provisioner.secrets import holds_secret
 
 CHECK = "secrets readable by others"
 EXPECTED = "none (a file that holds a secret is for its owner alone: 0600)"
 
 
-def test_secrets_readable_by_others(case, facts, audit):
+@check
+def secrets_readable_by_others(case, facts, audit):
     """`secrets readable by others` — every file the roles manage and every drop-in of the vLLM units that holds a secret and that others may read.
 
     Modes: spec, profile.

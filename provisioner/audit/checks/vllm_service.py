@@ -7,20 +7,139 @@ profile's rules to each unit that discovery found. A unit systemd did not load (
 setting) fails its `unit file` row, which says what and how to fix it; its other rows are n/a.
 """
 
+import base64
 import ipaddress
 import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
 
-from provisioner.audit.checks import REPORTED, UNSET, each, matches, shown
+from provisioner.audit.engine import Output
 from provisioner.audit.expectations import TIME_SPANS
-from provisioner.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
-from provisioner.audit.suite.instance_files import (
+from provisioner.audit.instance_files import (
+    PROBE_TIMEOUT_S,
+    env_file_command,
+    env_file_stat,
     expect_config_file,
     expect_env_file_content,
     expect_env_file_mode,
     expect_env_file_owner,
+    http_answers,
+    http_probe_command,
 )
+from provisioner.audit.registry import REPORTED, UNSET, each, matches, shown
+from provisioner.audit.text import environment_words, shown_argv
+from provisioner.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
+from provisioner.paths import role_dir
 from provisioner.secrets import REDACTED, is_secret_name, shown_command
 from provisioner.vllm.serve_args import bracketed
+
+
+READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' own readiness probe
+UNIT_STATE = ("LoadState", "LoadError", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
+              "Environment", "ExecStart", "DropInPaths")
+
+
+@dataclass
+class UnitFacts:
+    shown: dict[str, str]  # `systemctl show` properties
+    environment: dict[str, str]  # Environment= and the EnvironmentFile= variables the checks ask about
+    env_file: tuple[str, str] | None  # (mode, owner:group) of the expected env file; None: absent
+    env_file_sha256: str | None
+    http: dict[str, Any]
+    config_text: str | None = None  # the expected --config file's content; None: absent
+    ready: Output | None = None  # the readiness probe's verdict (exit 0: ready) and its line
+    dropins: list[tuple[str, str]] = field(default_factory=list)  # (path, content) of each DropInPaths file, in order
+    dropin_modes: dict[str, str] = field(default_factory=dict)  # path → mode (0644) of each DropInPaths file
+
+    @property
+    def argv(self) -> list[str]:
+        return shown_argv(self.shown.get("ExecStart", ""))
+
+
+def commands(expected):
+    found = {"listening": "ss -Hltn"}
+    if any(unit.get("group") for unit in expected["units"]):  # the nodes of multi-node instances: their connections
+        found["established"] = "ss -Htn state established"
+    for index, unit in enumerate(expected["units"]):
+        found.update(unit_commands(index, unit))
+    return found
+
+
+def read(expected, out):
+    return {
+        "listening": {line.split()[3] for line in out["listening"].text.splitlines() if len(line.split()) > 3},
+        # (local address, peer address) of each established TCP connection; read where a unit is a multi-node node
+        "established": connections(out["established"]) if "established" in out else [],
+        "units": {unit["name"]: parse_unit(index, out) for index, unit in enumerate(expected["units"])},
+    }
+
+
+def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
+    name = shlex.quote(unit["name"])
+    properties = ",".join([*UNIT_STATE, *unit["properties"]])
+    variables = "|".join(map(re.escape, unit["environment"])) or "^$"
+    found = {
+        f"unit{index}": f"systemctl show {name} --property={properties}",
+        # only the variables the checks ask about: an env file may hold secrets
+        f"unit_env{index}": (
+            f"systemctl show {name} -p EnvironmentFiles --value | while read -r file rest; do cat \"$file\"; done"
+            f" | grep -E {shlex.quote(f'^({variables})=')}"
+        ),
+    }
+    headless = bool((unit.get("group") or {}).get("headless"))  # a follower node: no API to ask
+    if not headless:
+        found[f"http{index}"] = http_probe_command(name, unit["url"])
+    # each drop-in systemd applies: its path, then its content in base64 (one line: no framing to escape)
+    found[f"dropins{index}"] = (
+        f"for file in $(systemctl show {name} -p DropInPaths --value); do echo \"$file\"; base64 -w0 \"$file\" 2>/dev/null; echo; done")
+    found[f"dropin_modes{index}"] = (
+        f"for file in $(systemctl show {name} -p DropInPaths --value); do stat -c '%a %n' \"$file\"; done")
+    # one real request through the same probe the unit runs before it turns active
+    found[f"ready{index}"] = "true" if headless else (
+        f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
+        f" --model {shlex.quote(unit['served_names'][0])} --timeout {PROBE_TIMEOUT_S} --once --key-from-unit {name}")
+    if unit.get("env_file"):
+        found[f"env_file{index}"] = env_file_command(unit["env_file"]["path"])
+    if unit.get("config_file"):
+        found[f"config{index}"] = f"cat {shlex.quote(unit['config_file']['path'])}"
+    return found
+
+
+def connections(out: Output) -> list[tuple[str, str]]:
+    """(local, peer) of `ss -Htn state established`'s lines (a State column first, where ss shows one)."""
+    found = []
+    for line in out.text.splitlines():
+        words = line.split()
+        words = words[1:] if words and words[0].isalpha() else words
+        if len(words) > 3:
+            found.append((words[2], words[3]))
+    return found
+
+
+def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
+    shown_state = dict(line.split("=", 1) for line in out[f"unit{index}"].text.splitlines() if "=" in line)
+    environment = environment_words(shown_state.get("Environment", ""))
+    environment.update(line.split("=", 1) for line in out[f"unit_env{index}"].text.splitlines() if "=" in line)
+    stat, sha256 = env_file_stat(out.get(f"env_file{index}"))
+    config = out.get(f"config{index}")
+    http = out.get(f"http{index}")
+    return UnitFacts(shown_state, environment, stat, sha256, http_answers(http.text) if http else {},
+                     config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"),
+                     dropin_files(out.get(f"dropins{index}")), dropin_modes(out.get(f"dropin_modes{index}")))
+
+
+def dropin_modes(out: Output | None) -> dict[str, str]:
+    """{path: mode} of the drop-in modes command's lines (`644 /etc/systemd/system/x.service.d/y.conf`)."""
+    lines = out.text.splitlines() if out is not None else []
+    return {path: mode.zfill(4) for mode, _, path in (line.partition(" ") for line in lines) if path}
+
+
+def dropin_files(out: Output | None) -> list[tuple[str, str]]:
+    """[(path, content)] of the drop-ins command's lines: a path, then the file's content in base64."""
+    lines = out.text.splitlines() if out is not None else []
+    return [(path, base64.b64decode(encoded).decode("utf-8", "replace")) for path, encoded in zip(lines[::2], lines[1::2])]
 
 units = each(lambda expected: expected["units"], ids=lambda unit: unit["name"])
 # the units that serve an API: all but the headless nodes of multi-node instances
@@ -63,7 +182,7 @@ def per_unit(key: str):
 
 
 @units
-def test_loaded(case, facts, audit):
+def unit_file(case, facts, audit):
     """`UNIT: unit file` — the unit's load state and the file systemd loaded it from, against our unit's path.
 
     Modes: spec, profile.
@@ -100,7 +219,7 @@ def not_loaded(unit: dict, shown_state: dict, found_dropins: list) -> str:
 
 
 @units
-def test_enabled(case, facts, audit):
+def enabled(case, facts, audit):
     """`UNIT: enabled` — the unit file state (`systemctl show UnitFileState`) against `enabled`.
 
     Modes: spec, profile.
@@ -111,7 +230,7 @@ def test_enabled(case, facts, audit):
 
 
 @units
-def test_active(case, facts, audit):
+def active(case, facts, audit):
     """`UNIT: active` — the unit's ActiveState (and SubState when not active) against `active`.
 
     Modes: spec, profile.
@@ -124,7 +243,7 @@ def test_active(case, facts, audit):
 
 
 @units
-def test_unit_file_reloaded(case, facts, audit):
+def unit_file_reloaded(case, facts, audit):
     """`UNIT: NeedDaemonReload` — whether systemd runs the unit file on disk (`no`: no daemon-reload pending).
 
     Modes: spec, profile.
@@ -135,7 +254,7 @@ def test_unit_file_reloaded(case, facts, audit):
 
 
 @per_unit("properties")
-def test_property(case, facts, audit):
+def property(case, facts, audit):
     """`UNIT: SETTING` — a [Service] setting as `systemctl show` reports it, against the rendered unit or the rule.
 
     Modes: spec, profile.
@@ -149,7 +268,7 @@ def test_property(case, facts, audit):
 
 
 @per_unit("environment")
-def test_environment(case, facts, audit):
+def environment(case, facts, audit):
     """`UNIT: Environment NAME` — a variable of the unit's environment against the rendered unit or the rule.
 
     Modes: spec, profile.
@@ -172,7 +291,7 @@ def test_environment(case, facts, audit):
 
 
 @units
-def test_command_line(case, facts, audit):
+def command_line(case, facts, audit):
     """`UNIT: ExecStart` — the command line as systemd runs it, against the rendered unit (spec) or the profile's rule.
 
     Modes: spec, profile.
@@ -185,7 +304,7 @@ def test_command_line(case, facts, audit):
 
 
 @units
-def test_dropins(case, facts, audit):
+def dropins_applied(case, facts, audit):
     """`UNIT: drop-ins` — every drop-in systemd applies to the unit (`systemctl show -p DropInPaths`) and what it sets, against none that change a managed setting.
 
     Modes: spec, profile.
@@ -222,7 +341,7 @@ env_files = units_with("env_file")
 
 
 @env_files
-def test_env_file_mode(case, facts, audit):
+def env_file_mode(case, facts, audit):
     """`UNIT: EnvironmentFile mode` — the env file's mode against the one the role sets.
 
     Modes: spec.
@@ -233,7 +352,7 @@ def test_env_file_mode(case, facts, audit):
 
 
 @env_files
-def test_env_file_owner(case, facts, audit):
+def env_file_owner(case, facts, audit):
     """`UNIT: EnvironmentFile owner` — the env file's owner:group against the one the role sets.
 
     Modes: spec.
@@ -244,7 +363,7 @@ def test_env_file_owner(case, facts, audit):
 
 
 @env_files
-def test_env_file_content(case, facts, audit):
+def env_file_content(case, facts, audit):
     """`UNIT: EnvironmentFile content` — the env file's sha256 against the file rendered with the real key (never shown).
 
     Modes: spec.
@@ -260,7 +379,7 @@ config_files = units_with("config_file")
 
 
 @config_files
-def test_config_file(case, facts, audit):
+def config_file(case, facts, audit):
     """`UNIT: config file PATH` — the `vllm serve --config` file against the rendered one (the first differing line).
 
     Modes: spec.
@@ -272,7 +391,7 @@ def test_config_file(case, facts, audit):
 
 
 @serving
-def test_listening(case, facts, audit):
+def listening(case, facts, audit):
     """`UNIT: listening` — the addresses listening on the server's port (`ss -ltn`) against its bind address.
 
     Modes: spec, profile.
@@ -286,7 +405,7 @@ def test_listening(case, facts, audit):
 
 
 @serving
-def test_health(case, facts, audit):
+def health(case, facts, audit):
     """`UNIT: GET URL/health` — the HTTP status of the server's /health, asked on the host itself, against 200.
 
     Modes: spec, profile.
@@ -302,7 +421,7 @@ def test_health(case, facts, audit):
 
 
 @serving
-def test_served_models(case, facts, audit):
+def served_models(case, facts, audit):
     """`UNIT: GET URL/v1/models` — the model ids the server lists (asked with its own API key) against its served names.
 
     Modes: spec, profile.
@@ -327,7 +446,7 @@ def model_ids(answer: dict) -> str | list[str]:
 
 
 @serving
-def test_ready(case, facts, audit):
+def ready(case, facts, audit):
     """`UNIT: ready (one request served)` — the unit's own readiness probe's verdict against `ready`.
 
     Modes: spec, profile.
@@ -344,7 +463,7 @@ def test_ready(case, facts, audit):
 
 
 @nodes
-def test_group(case, facts, audit):
+def group(case, facts, audit):
     """`UNIT: node R of N, rendezvous ADDRESS:PORT` — rank 0 listening on the rendezvous port, a headless node connected to it.
 
     Modes: spec.

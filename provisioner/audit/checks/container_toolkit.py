@@ -6,14 +6,35 @@ The package, and which path unit the version has (NVIDIA's nvidia-cdi-refresh.pa
 vllm-provision-cdi-refresh.path before), come from the role's vars/main.yml (provisioner/audit/expectations.py).
 """
 
-from provisioner.audit.checks import UNSET, each
+import shlex
+
+from provisioner.audit.engine import shown_properties
+from provisioner.audit.registry import UNSET, each
+
+
+def commands(expected):
+    toolkit = expected.get("container_toolkit")
+    if not toolkit:
+        return {}
+    return {
+        "toolkit_package": (f"dpkg-query --show --showformat='${{Version}} ${{db:Status-Abbrev}}' "
+                            f"{shlex.quote(toolkit['package'])} 2>/dev/null; true"),
+        "toolkit_unit": f"systemctl show {shlex.quote(toolkit['path_unit'])} --property=LoadState,UnitFileState,ActiveState,SubState",
+    }
+
+
+def read(expected, out):
+    """The package's `Version db:Status-Abbrev` ('' when not installed), `systemctl show` of the CDI refresh path unit."""
+    if "toolkit_package" not in out:
+        return {"toolkit_package": None, "toolkit_unit": {}}
+    return {"toolkit_package": out["toolkit_package"].text.strip(), "toolkit_unit": shown_properties(out["toolkit_unit"])}
 
 toolkits = each(lambda expected: [expected["container_toolkit"]] if expected.get("container_toolkit") else [],
                 ids=lambda toolkit: toolkit["package"])
 
 
 @toolkits
-def test_toolkit_package(case, facts, audit):
+def toolkit_package(case, facts, audit):
     """`nvidia-container-toolkit-base` — the toolkit's installed version and hold (`dpkg-query`) against the pinned `container_toolkit.version`, held: an upgrade would move it otherwise.
 
     Modes: spec.
@@ -26,7 +47,7 @@ def test_toolkit_package(case, facts, audit):
 
 
 @toolkits
-def test_cdi_refresh_unit(case, facts, audit):
+def cdi_refresh_unit(case, facts, audit):
     """`CDI refresh UNIT` — the path unit that regenerates the CDI spec when the driver's modules change (`systemctl show`): enabled and waiting.
 
     Modes: spec.

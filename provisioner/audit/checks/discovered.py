@@ -9,8 +9,8 @@ unit rule covers) also its user, command line, CUDA variables and listening port
 the servers' memory shares on it add up. Spec mode has no discovery: these checks do not run there.
 """
 
-from provisioner.audit.checks import REPORTED, UNSET, each
 from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED
+from provisioner.audit.registry import REPORTED, UNSET, each
 
 discovery = each(lambda expected: [expected] if "containers" in expected else [], ids=lambda _: "discovery")
 containers = each(lambda expected: expected.get("containers", {}).get("found", []), ids=lambda found: found["name"])
@@ -28,7 +28,7 @@ def per_container_rule(key: str):
 
 
 @discovery
-def test_units_found(case, audit):
+def units_found(case, audit):
     """`vLLM units` — the systemd units whose ExecStart runs a vLLM server, whatever their name (reported).
 
     Modes: profile.
@@ -38,7 +38,7 @@ def test_units_found(case, audit):
 
 
 @discovery
-def test_gpus_found(case, audit):
+def gpus_found(case, audit):
     """`GPUs` — the GPUs nvidia-smi lists, or why none were read (reported).
 
     Modes: profile.
@@ -48,7 +48,7 @@ def test_gpus_found(case, audit):
 
 
 @discovery
-def test_containers_found(case, audit):
+def containers_found(case, audit):
     """`vLLM containers` — the docker/podman containers running a vLLM server, or why none (reported).
 
     Modes: profile.
@@ -62,7 +62,7 @@ def test_containers_found(case, audit):
 
 
 @containers
-def test_container_image(case, audit):
+def container_image(case, audit):
     """`container NAME: image` — the image the discovered container runs (reported).
 
     Modes: profile.
@@ -71,7 +71,7 @@ def test_container_image(case, audit):
 
 
 @containers
-def test_container_ports(case, audit):
+def container_ports(case, audit):
     """`container NAME: ports` — the ports the discovered container publishes (reported).
 
     Modes: profile.
@@ -80,7 +80,7 @@ def test_container_ports(case, audit):
 
 
 @containers
-def test_container_shm(case, audit):
+def container_shm(case, audit):
     """`container NAME: /dev/shm size` — the container's /dev/shm against at least the profile's `shm_size_min`.
 
     Modes: profile.
@@ -95,7 +95,7 @@ def test_container_shm(case, audit):
 
 
 @per_container_rule("environment")
-def test_container_environment(case, audit):
+def container_environment(case, audit):
     """`container NAME: Environment VAR` — a variable of the container's environment against the profile's rule.
 
     Modes: profile.
@@ -105,7 +105,7 @@ def test_container_environment(case, audit):
 
 
 @containers
-def test_container_command_line(case, audit):
+def container_command_line(case, audit):
     """`container NAME: command line` — the container's command line (keys redacted) against the profile's rule.
 
     Modes: profile.
@@ -134,7 +134,7 @@ gpu_cards = each(lambda expected: expected.get("gpu_cards", []), ids=lambda card
 
 
 @discovery
-def test_processes_found(case, audit):
+def processes_found(case, audit):
     """`vLLM processes` — the vLLM servers running as bare processes (in no unit and no container), with how they were started (reported).
 
     Modes: profile.
@@ -146,7 +146,7 @@ def test_processes_found(case, audit):
 
 
 @servers
-def test_server_supervised(case, audit):
+def server_supervised(case, audit):
     """`SERVER: supervised` — what brings the server back after a crash and a reboot: a unit or a container's restart policy; a bare process fails.
 
     Modes: profile.
@@ -157,7 +157,7 @@ def test_server_supervised(case, audit):
 
 
 @servers_of("process", "container")
-def test_server_user(case, audit):
+def server_user(case, audit):
     """`process PID: user` or `container NAME: user` — the user the server's process runs as on the host: not root (a unit's User= row covers units).
 
     Modes: profile.
@@ -167,7 +167,7 @@ def test_server_user(case, audit):
 
 
 @servers
-def test_server_bind_address(case, audit):
+def server_bind_address(case, audit):
     """`SERVER: bind address` — where the server listens (a container: where its ports are published): every interface fails only with no API key.
 
     Modes: profile.
@@ -177,7 +177,7 @@ def test_server_bind_address(case, audit):
 
 
 @servers_of("process")
-def test_process_command_line(case, audit):
+def process_command_line(case, audit):
     """`process PID: command line` — a bare server's command line as /proc has it (keys redacted) against the profile's rule (no --api-key).
 
     Modes: profile.
@@ -187,7 +187,7 @@ def test_process_command_line(case, audit):
 
 
 @per_process_rule("environment")
-def test_process_environment(case, audit):
+def process_environment(case, audit):
     """`process PID: Environment VAR` — a CUDA variable of a bare server's environment (/proc/PID/environ; no other variable is read) against the profile's rule.
 
     Modes: profile.
@@ -197,7 +197,7 @@ def test_process_environment(case, audit):
 
 
 @servers_of("process")
-def test_process_listening(case, facts, audit):
+def process_listening(case, facts, audit):
     """`process PID: listening` — the address a bare server's command line (or --config file) gives, against the host's listening sockets.
 
     Modes: profile.
@@ -210,7 +210,7 @@ def test_process_listening(case, facts, audit):
 
 
 @servers_of("process", "unit")
-def test_server_shm(case, audit):
+def server_shm(case, audit):
     """`SERVER: /dev/shm size` — the /dev/shm the server's process sees: reported when it is the host's (the host's row checks that), else at least the profile's `shm_size_min`.
 
     Modes: profile.
@@ -226,7 +226,7 @@ def test_server_shm(case, audit):
 
 
 @servers
-def test_server_ipc(case, audit):
+def server_ipc(case, audit):
     """`SERVER: IPC` — the server's IPC namespace (a container: its IPC mode) (reported).
 
     Modes: profile.
@@ -235,7 +235,7 @@ def test_server_ipc(case, audit):
 
 
 @servers
-def test_server_gpus(case, audit):
+def server_gpus(case, audit):
     """`SERVER: GPUs` — the GPUs where the server's process tree holds memory (nvidia-smi's compute processes), how much, and its memory share (reported).
 
     Modes: profile.
@@ -254,7 +254,7 @@ def test_server_gpus(case, audit):
 
 
 @gpu_cards
-def test_gpu_memory_shares(case, audit):
+def gpu_memory_shares(case, audit):
     """`GPU N: memory shares` — the sum of the --gpu-memory-utilization of the vLLM servers holding memory on the card (at most 1.0), and its used and total memory.
 
     Modes: profile.

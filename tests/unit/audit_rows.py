@@ -1,0 +1,20 @@
+"""Run one audit check function on facts made here, as the engine runs it: its status and its row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioner.audit.registry import Audit, Case, Drift, NotApplicable
+
+
+def run_row(check, case: Case, facts: Any) -> tuple[str, dict[str, str]]:
+    """(status, {check, expected, actual}) of `check` on this case and these facts: passed, failed or n/a."""
+    audit = Audit()
+    try:
+        check(case=case, facts=facts, audit=audit)
+        status = "passed"
+    except Drift:
+        status = "failed"
+    except NotApplicable:
+        status = "n/a"
+    return status, audit.row
