@@ -71,7 +71,12 @@ def run_commands(host: Any, commands: dict[str, str]) -> dict[str, Output]:
         f"echo '{marker} {name}'; ( {command}\n) 2>&1; rc=$?; echo; echo \"{marker} rc $rc\"\n"
         for name, command in commands.items()
     )
-    result = host.run(script)
+    try:
+        result = host.run(script)
+    except RuntimeError as error:  # testinfra's ssh backend raises on ssh's own failure (exit 255), with the result
+        result = error.args[0] if error.args and hasattr(error.args[0], "rc") else None
+        if result is None:
+            raise
     if result.rc == 255 and marker not in result.stdout:  # ssh itself failed: the host was lost since it connected
         raise HostLost(f"{LOST} {explain(result.stderr)}")
     if result.rc != 0 and marker not in result.stdout:

@@ -18,7 +18,7 @@ import pytest
 
 from provisioner.apply import apply_spec
 from provisioner.audit.expectations import spec_targets
-from provisioner.remote import Connection
+from provisioner.remote import Connection, connection_options
 from provisioner.audit.runner import HostReport, audit_hosts, disconnect
 from provisioner.spec import load_spec
 from tests.lab.specs import (
@@ -267,3 +267,40 @@ def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
         "my-llm.service: ready (one request served)"]
     assert checks["my-llm.service: listening"]["actual"] == "0.0.0.0:8000"
     assert checks["my-llm.service: active"]["status"] == "passed"
+
+
+def audit_with_pytest(host, spec, folder) -> subprocess.CompletedProcess:
+    """The testinfra way: pytest over testinfra's --hosts with the audit's plugin, the lab's key and known_hosts
+    in an ssh_config (no master left behind: one round trip reads the facts)."""
+    config = folder / "pytest_ssh_config"
+    config.write_text(f"Host {host.address}\n" + "".join(f"  {line}\n" for line in connection_options(lab_connection(host))))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfs",
+                           f"--hosts=ssh://root@{host.address}", f"--ssh-config={config}",
+                           f"--ssh-identity-file={host.ssh_key}", "--ssh-extra-args=-o ControlMaster=no",
+                           "-p", "provisioner.audit.pytest_plugin", "--spec", str(spec.source_path)],
+                          capture_output=True, text=True, timeout=300, cwd=folder)
+
+
+def test_the_testinfra_way_passes_on_the_applied_host_and_fails_naming_a_drifted_row(applied):
+    """`pytest --hosts=ssh://root@HOST -p provisioner.audit.pytest_plugin --spec SPEC`: a test per row, n/a as
+    skips; a planted drift (the env file's mode) fails its row's test with expected and actual, then is repaired."""
+    host, spec, folder = applied
+    rows = len(audit_one(spec).checks)
+
+    clean = audit_with_pytest(host, spec, folder)
+
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert f"{rows - len(CONTAINER_NOT_APPLICABLE)} passed, {len(CONTAINER_NOT_APPLICABLE)} skipped" in clean.stdout
+    assert "sysctl live: vm.swappiness: n/a: a container" in clean.stdout
+    env_file = spec_targets(spec)[0].expected["units"][0]["env_file"]
+    assert env_file["mode"] == "0600"
+    host.ssh(f"chmod 0640 {env_file['path']}")
+    try:
+        drifted = audit_with_pytest(host, spec, folder)
+    finally:
+        host.ssh(f"chmod 0600 {env_file['path']}")
+
+    assert drifted.returncode == 1, drifted.stdout + drifted.stderr
+    assert f"{UNIT}: EnvironmentFile mode: expected 0600, actual 0640" in drifted.stdout
+    assert f"1 failed, {rows - len(CONTAINER_NOT_APPLICABLE) - 1} passed" in drifted.stdout
+    assert "sk-audit-secret" not in clean.stdout + drifted.stdout
