@@ -5,8 +5,8 @@
 Boots N lab hosts (default 8), applies a spec with one instance each, then times the audit of the
 first host alone and of all N: one cold run (opens the SSH masters), then R warm runs (the masters
 are open, as for a second `provision audit` within two minutes); the median warm run counts.
-Prints checks, seconds, checks per second, where the time went (connect, first check, the rest)
-and the N-host / 1-host time ratio. Targets: >= 40 checks on one host in <= 2 s warm; N hosts <= 2x one host.
+Prints checks, seconds, checks per second, where the time went (connect, first check: the facts read, the
+rest) and the N-host / 1-host time ratio. Targets: one host <= 1.0 s warm; N hosts <= 2x one host.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def main() -> int:
     print(f"\nload average now: {' '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} cores"
           " (the lab's hosts run on these cores too: their side of the audit competes with the auditor)")
     print(f"\n1 host: {one['checks']} checks in {one['seconds']:.2f} s warm "
-          f"(target: >= 40 checks in <= 2 s: {'met' if one['checks'] >= 40 and one['seconds'] <= 2 else 'MISSED'})")
+          f"(target <= 1.0 s: {'met' if one['seconds'] <= 1.0 else 'MISSED'})")
+    print(f"{many['hosts']} hosts: {many['checks']} checks in {many['seconds']:.2f} s warm")
     print(f"{many['hosts']} hosts / 1 host: {ratio:.2f}x (target <= 2x: {'met' if ratio <= 2 else 'MISSED'})")
     return 0
 

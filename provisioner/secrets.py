@@ -17,9 +17,7 @@ as the roles' lookups read it. `redact_argv` works on a split command
 line word by word; `redact` on any text (it finds the secret
 values with the same rules, then replaces each wherever it occurs, whatever the quoting);
 `redact_data` on JSON-able data. A text without secrets comes back unchanged. `holds_secret` says whether a
-text holds one, a declared one given by its digest (`declared_digests`: the audit suite is never handed a value).
-
-Standard library only: the audit suite imports it in its own pytest process.
+text holds one, a declared one given by its digest (`declared_digests`: the audit's checks are never handed a value).
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ def declare_secret(value: str) -> None:
 
 
 def declared_digests() -> list[tuple[int, str]]:
-    """(length, sha256) of each declared secret: what another process (the audit suite) looks for in a text
+    """(length, sha256) of each declared secret: what the audit's checks look for in a text
     without being handed the secret itself (`holds_secret`)."""
     return sorted((len(value), hashlib.sha256(value.encode()).hexdigest()) for value in _declared)
 
