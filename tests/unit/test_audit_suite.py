@@ -514,3 +514,27 @@ def test_the_venvs_are_the_running_version_and_at_most_one_previous(tmp_path, pi
     install = install_paths(tmp_path, pinned)
     assert row(vllm_install.vllm_versions, install, vllm_venvs=venvs_read(tmp_path, install)) == (
         status, f"vLLM versions in {tmp_path}", f"{pinned} running, at most one previous", actual.format(root=tmp_path))
+
+
+class LocalShell:
+    """Runs the read's script here, with bash, as a host's ssh runs it (stdout and stderr apart)."""
+
+    def run(self, script: str) -> SimpleNamespace:
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+        return SimpleNamespace(rc=done.returncode, stdout=done.stdout, stderr=done.stderr)
+
+
+def test_the_read_runs_every_command_in_one_script_and_frames_each_in_order():
+    from provisioner.audit.engine import run_commands
+
+    commands = {"plain": "echo plain", "fails": "echo why >&2; exit 3", "none": "true", "lines": "printf 'a\\nb'",
+                "marker": "echo '@@vp-audit-0 plain'"}
+    assert run_commands(LocalShell(), commands) == {
+        "plain": Output("plain\n", 0), "fails": Output("why\n", 3), "none": Output("", 0), "lines": Output("a\nb", 0),
+        "marker": Output("@@vp-audit-0 plain\n", 0)}
+
+
+def test_the_in_process_audit_imports_no_pytest():
+    code = ("import sys; import provisioner.cli.audit_cmd, provisioner.audit.runner, provisioner.audit.check_docs; "
+            "from provisioner.audit.registry import all_checks; all_checks(); print('pytest' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
