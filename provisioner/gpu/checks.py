@@ -1,6 +1,6 @@
 """The audit's GPU checks: a host's GPU facts against the nvidia_gpu_* variables it should have.
 
-Plain functions, for the audit suite to call: `gpu_checks(facts, expected, loaded_modules)`
+Plain functions, for the audit's checks to call: `gpu_checks(facts, expected, loaded_modules)`
 returns one `Check(name, expected, actual, passed)` per check, in this order —
 
 - GPU count (nvidia_gpu_expected_count);
