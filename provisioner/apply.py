@@ -28,16 +28,16 @@ from pathlib import Path
 
 import yaml
 
-from provisioner import module_utils, paths
-from provisioner.selection import select_hosts
-from provisioner.ansible_config import ansible_environment, collections_paths, events_environment
-from provisioner.hostkeys import Endpoint, check_hosts, trust_command
-from provisioner.inventory import host_units, write_inventory
-from provisioner.remote import HostShell
-from provisioner.signals import signals_held, signals_interrupt
-from provisioner.spec_lock import spec_lock
-from provisioner.unreachable import CONNECT_TIMEOUT_S, explain
-from provisioner.preflight import (
+from provisioner.base import module_utils, paths
+from provisioner.fleet.selection import select_hosts
+from provisioner.base.ansible_config import ansible_environment, collections_paths, events_environment
+from provisioner.base.hostkeys import Endpoint, check_hosts, trust_command
+from provisioner.fleet.inventory import host_units, write_inventory
+from provisioner.fleet.remote import HostShell
+from provisioner.base.signals import signals_held, signals_interrupt
+from provisioner.base.spec_lock import spec_lock
+from provisioner.base.unreachable import CONNECT_TIMEOUT_S, explain
+from provisioner.validation.preflight import (
     DriverReader,
     check_preflight,
     check_readings,
@@ -46,7 +46,7 @@ from provisioner.preflight import (
     read_driver,
     read_drivers,
 )
-from provisioner.rollout import HostTurn, Rollout, Timeline
+from provisioner.base.rollout import HostTurn, Rollout, Timeline
 from provisioner.spec import Host, Spec
 
 RESULT_EVENTS = {
@@ -146,7 +146,7 @@ class ApplyResult:
 
 # --------------------------------------------------------------------------- what the user passes to Ansible
 
-# extra vars that would undo how ssh checks the host's key (provisioner/hostkeys.py): refused
+# extra vars that would undo how ssh checks the host's key (provisioner/base/hostkeys.py): refused
 TRUST_VARS = ("ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_ssh_args",
               "ansible_ssh_common_args")
 
@@ -165,7 +165,7 @@ class Controls:
     verbosity: int = 0
     forks: int | None = None
     become_password: str | None = field(default=None, repr=False)  # to ansible-playbook's standard input, never written
-    rollout: Rollout | None = None  # --rolling: batches, a canary first (provisioner/rollout.py)
+    rollout: Rollout | None = None  # --rolling: batches, a canary first (provisioner/base/rollout.py)
     wait_lock: int = 0  # seconds to wait for another run's lock: the spec's here, each host's (role apply_lock)
 
     def options(self) -> list[str]:
@@ -426,7 +426,7 @@ def run_playbook(
     ansible-playbook runs as typed in the current folder, with the collection's event callback
     (plugins/callback/provision_events.py) appending the run's events to a file of a private folder,
     read as they come; the become password goes to it on its standard input, never to a file. Ansible
-    reads the user's own configuration; provisioner.ansible_config says which of our settings win.
+    reads the user's own configuration; provisioner.base.ansible_config says which of our settings win.
     Raises ControlError / AnsibleConfigError before anything runs."""
     check_controls(controls)
     environment = ansible_environment()
@@ -597,7 +597,7 @@ def _interrupted_with_parent(parent: int) -> Callable[[], None]:
 
 def check_apply(spec: Spec, hosts: Sequence[str], controls: Controls) -> list[Host]:
     """The hosts `hosts` stand for, once the names, the controls, the user's Ansible configuration and
-    the preflight (provisioner.preflight: memory, and the drivers the spec names) allow a run: else
+    the preflight (provisioner.validation.preflight: memory, and the drivers the spec names) allow a run: else
     SelectionError, ControlError, AnsibleConfigError or PreflightError, and no host is touched."""
     chosen = select_hosts(spec, hosts)
     check_controls(controls)
@@ -622,7 +622,7 @@ def apply_spec(
     group names, `all`; none: every host of the spec).
 
     First `check_apply` (nothing touched when it raises); then the spec's lock on this controller, for the
-    whole run (provisioner/spec_lock.py: SpecBusy when another apply of it runs here, after
+    whole run (provisioner/base/spec_lock.py: SpecBusy when another apply of it runs here, after
     `controls.wait_lock` seconds; each host's lock is the playbook's, role apply_lock); then every chosen host's
     key (all at once):
     a host whose key is unknown or changed is not run on; it is reported unreachable, with the

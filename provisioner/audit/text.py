@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from provisioner.module_utils import systemd_show
-from provisioner.secrets import shown_command  # noqa: F401 (the suite and its tests read it here too)
+from provisioner.base.module_utils import systemd_show
+from provisioner.base.secrets import shown_command  # noqa: F401 (the suite and its tests read it here too)
 
 # the suite's progress lines on stderr: this prefix, then JSON (provisioner/audit/plugin.py)
 PROGRESS_PREFIX = "@@audit "

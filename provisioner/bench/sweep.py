@@ -20,8 +20,8 @@ import yaml
 
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.plan import build_plan
-from provisioner.roles import role_defaults
-from provisioner.signals import signals_held, signals_interrupt
+from provisioner.validation.roles import role_defaults
+from provisioner.base.signals import signals_held, signals_interrupt
 from provisioner.spec import Spec, SpecError, validate_spec
 
 RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)

@@ -11,8 +11,8 @@ from rich.table import Table
 
 from provisioner.apply import ApplyResult, HostProgress, TaskResult, unified_diff
 from provisioner.cli.console import make_console
-from provisioner.runlog import RunLog
-from provisioner.secrets import redact, redact_data
+from provisioner.base.runlog import RunLog
+from provisioner.base.secrets import redact, redact_data
 
 
 class Output:

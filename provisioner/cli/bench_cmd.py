@@ -46,8 +46,8 @@ def bench_run(
         sweep_with_progress,
     )
     from provisioner.cli.console import make_console, print_spec_problems
-    from provisioner.remote import RemoteError
-    from provisioner.secrets import redact
+    from provisioner.fleet.remote import RemoteError
+    from provisioner.base.secrets import redact
     from provisioner.spec import SpecError
     from provisioner.spec.wording import printable
 

@@ -18,7 +18,7 @@ from provisioner.bench.results import RunSet
 from provisioner.bench.session import run_bench
 from provisioner.bench.sweep import Sweep, run_sweep
 from provisioner.bench.target import BenchTarget
-from provisioner.secrets import redact
+from provisioner.base.secrets import redact
 
 
 def run_set_with_progress(console: Console, target: BenchTarget, load: Load, repeats: int, name: str,

@@ -52,8 +52,8 @@ def tune(
     from provisioner.bench.target import bench_target
     from provisioner.cli.console import make_console, print_spec_problems
     from provisioner.cli.tune_view import report, run_with_progress, write_winner_to
-    from provisioner.remote import RemoteError
-    from provisioner.secrets import redact
+    from provisioner.fleet.remote import RemoteError
+    from provisioner.base.secrets import redact
     from provisioner.spec import SpecError
     from provisioner.spec.wording import printable
     from provisioner.tune.measure import replay

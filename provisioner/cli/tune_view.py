@@ -14,7 +14,7 @@ from rich.table import Table
 from provisioner.bench.loads import Load
 from provisioner.bench.plots import PlotsUnavailable
 from provisioner.bench.target import BenchTarget
-from provisioner.secrets import redact
+from provisioner.base.secrets import redact
 from provisioner.spec import Spec
 from provisioner.tune.measure import run_tune
 from provisioner.tune.plot import plot_pareto

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from provisioner.gpu.facts import Gpu, GpuFacts
-from provisioner.module_utils import gpu_settings
+from provisioner.base.module_utils import gpu_settings
 from provisioner.vllm.cuda_drivers import branch_of
 
 # Active reasons that do not hold a working GPU back.

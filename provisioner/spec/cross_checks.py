@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.gpu import cards
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 from provisioner.spec.driver import cuda_problems, driver_problems
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems

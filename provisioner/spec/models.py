@@ -28,9 +28,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 from provisioner.spec.wording import literal, show
-from provisioner.vault import is_vault_text
+from provisioner.base.vault import is_vault_text
 from provisioner.vllm.builds import build_of
 from provisioner.vllm.profiles import profile_env, profile_options
 

@@ -18,7 +18,7 @@ import pytest
 
 from provisioner.apply import apply_spec
 from provisioner.audit.expectations import spec_targets
-from provisioner.remote import Connection
+from provisioner.fleet.remote import Connection
 from provisioner.audit.runner import HostReport, audit_hosts, disconnect
 from provisioner.spec import load_spec
 from tests.lab.specs import (

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from provisioner.apply import TaskResult, apply_spec, run_playbook
-from provisioner.inventory import write_inventory
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec

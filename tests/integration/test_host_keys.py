@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.remote import Connection
+from provisioner.fleet.remote import Connection
 from provisioner.audit.runner import disconnect
 from provisioner.bench.target import bench_target
 from provisioner.spec import load_spec

@@ -20,9 +20,9 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner import monitoring
+from provisioner.fleet import monitoring
 from provisioner.apply import Controls, apply_spec
-from provisioner.dashboards import dashboards, expressions, with_variables
+from provisioner.fleet.dashboards import dashboards, expressions, with_variables
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel

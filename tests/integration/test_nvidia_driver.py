@@ -24,7 +24,7 @@ import yaml
 from provisioner.apply import Controls, apply_spec, run_playbook
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import disconnect
-from provisioner.inventory import write_inventory
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
 from tests.lab.hosts import LAB_NOTES

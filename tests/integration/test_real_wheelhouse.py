@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.apply import TaskResult, run_playbook
-from provisioner.inventory import write_inventory
-from provisioner.paths import ROLES_DIR
+from provisioner.fleet.inventory import write_inventory
+from provisioner.base.paths import ROLES_DIR
 from provisioner.spec import load_spec
 from tests.lab.specs import VLLM_INSTALL_PATH, host_entry, write_spec
 

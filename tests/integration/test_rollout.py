@@ -35,7 +35,7 @@ from provisioner.apply import ApplyResult, Controls, TaskResult, apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
 from provisioner.cli.apply_view import rollout_rows
-from provisioner.rollout import Rollout
+from provisioner.base.rollout import Rollout
 from provisioner.spec import load_spec
 from tests.lab.containers import AptRepo
 from tests.lab.haproxy import GatewayHost, haproxy_repo

@@ -17,7 +17,7 @@ import pytest
 
 from provisioner.audit.check_docs import DOCS_PAGE, FORM, REGENERATE, generated_page, read_suite
 from provisioner.audit.expectations import load_profile, profile_expectations, spec_targets
-from provisioner.paths import EXAMPLES_DIR
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 

@@ -14,7 +14,7 @@ import pytest
 from provisioner.audit.checks import Audit, Case, Drift
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.suite.facts import Output, dropin_modes, host_commands, parse_unit
-from provisioner.paths import ROLES_DIR
+from provisioner.base.paths import ROLES_DIR
 from provisioner.spec import load_spec
 from tests.unit.conftest import instance, spec_data, write_spec
 

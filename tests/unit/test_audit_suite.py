@@ -27,7 +27,7 @@ from provisioner.audit.suite.facts import (
     parse_unit,
 )
 from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command
-from provisioner.file_formats import sysctl_settings
+from provisioner.base.file_formats import sysctl_settings
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 STANDIN_PACKAGE = Path(__file__).resolve().parents[1] / "doubles" / "vllm_package"
@@ -313,7 +313,7 @@ with warnings.catch_warnings():  # the suite's marker is registered by its own c
     warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
     from provisioner.audit.suite import test_gpu_boot_unit, test_managed_files, test_vllm_install  # noqa: E402
 from provisioner.audit.suite.facts import parse_facts  # noqa: E402
-from provisioner.paths import EXAMPLES_DIR  # noqa: E402
+from provisioner.base.paths import EXAMPLES_DIR  # noqa: E402
 from provisioner.spec import load_spec  # noqa: E402
 
 BOOT_UNIT = {"name": "nvidia-gpu-limits.service", "fragment": "/etc/systemd/system/nvidia-gpu-limits.service",

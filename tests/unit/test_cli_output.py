@@ -20,7 +20,7 @@ from provisioner.audit.report import host_table
 from provisioner.audit.runner import CheckResult, HostReport
 from provisioner.cli.console import make_console
 from provisioner.cli.main import app
-from provisioner.paths import PACKAGE_DIR
+from provisioner.base.paths import PACKAGE_DIR
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 PROVISION = Path(sys.executable).with_name("provision")  # the installed entry point

@@ -22,8 +22,8 @@ from provisioner.audit.suite.facts import Output, host_commands, parse_driver_in
 from provisioner.cli.main import app
 from provisioner.gpu.facts import read_facts, smi_facts
 from provisioner.gpu.smi import parse_cuda_version, query_arguments
-from provisioner.paths import EXAMPLES_DIR
-from provisioner.preflight import (
+from provisioner.base.paths import EXAMPLES_DIR
+from provisioner.validation.preflight import (
     READ_DRIVER,
     GateProblem,
     KnownDriver,
@@ -31,8 +31,8 @@ from provisioner.preflight import (
     driver_check,
     parse_driver_reading,
 )
-from provisioner.remote import RemoteError
-from provisioner.inventory import host_vars
+from provisioner.fleet.remote import RemoteError
+from provisioner.fleet.inventory import host_vars
 from provisioner.spec import SpecError, load_spec, validate_spec
 from provisioner.vllm import builds, cuda_drivers, make_catalog
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data, write_spec

@@ -11,8 +11,8 @@ import yaml
 
 from provisioner.apply import ApplyResult, HostStats, TaskResult
 from provisioner.cli.apply_view import rollout_rows
-from provisioner.paths import PLAYBOOKS_DIR
-from provisioner.rollout import HOSTS_PLAY, HostTurn, Rollout, Timeline
+from provisioner.base.paths import PLAYBOOKS_DIR
+from provisioner.base.rollout import HOSTS_PLAY, HostTurn, Rollout, Timeline
 from tests.unit.test_cli_controls import invoke, two_hosts
 
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from provisioner.cli.main import app
 from provisioner.gpu.cards import power_range
-from provisioner.inventory import write_inventory
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import Spec, SpecError, load_spec, parse_yaml, validate_spec
 from provisioner.vllm import make_catalog
 from provisioner.vllm.flags import (CATALOGS_DIR, NO_VALUE, VALUE_READERS, item_problem, load_catalog, read_value,

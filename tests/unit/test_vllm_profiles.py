@@ -2,7 +2,7 @@
 
 import pytest
 
-from provisioner.inventory import build_inventory
+from provisioner.fleet.inventory import build_inventory
 from provisioner.spec import validate_spec
 from provisioner.vllm import flags
 from provisioner.vllm.profiles import planner_profiles, profile_env, profile_options

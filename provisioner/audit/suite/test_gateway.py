@@ -41,7 +41,7 @@ replicas = each(lambda expected: (expected.get("gateway") or {}).get("servers") 
 def gateway_view(state: dict, record: dict | None) -> str:
     """What HAProxy does with a replica, in a few words: `ready, UP`; `drain (by vllm-provision: rollout: gpu1
     changes), UP`; `maint (not by vllm-provision), MAINT`; `ready, DOWN (L4CON: Connection refused)`."""
-    from provisioner.module_utils import haproxy_runtime
+    from provisioner.base.module_utils import haproxy_runtime
 
     admin = state["admin"]
     if admin != "ready":

@@ -3,7 +3,7 @@ the timer runs, and Prometheus on the monitoring host scrapes every target of th
 
 Spec mode, where the spec has `monitoring:`. The host is asked from itself (monitoring_probe.py, run on the
 host: node_exporter's /metrics, Prometheus's /api/v1/targets); the targets expected are those
-provisioner/monitoring.py writes into the scrape configuration.
+provisioner/fleet/monitoring.py writes into the scrape configuration.
 """
 
 from provisioner.audit.checks import each

@@ -10,7 +10,7 @@ release installed in the branch and held, its module built for every kernel with
 
 from provisioner.audit.checks import each
 from provisioner.gpu import checks as gpu
-from provisioner.module_utils import driver_state
+from provisioner.base.module_utils import driver_state
 
 needs = each(lambda expected: [expected["driver"]] if expected.get("driver") else [], ids=lambda _: "driver")
 

@@ -6,7 +6,7 @@ assignment of a key wins. Spec mode expects our drop-in (`sysctl_file`) to be th
 """
 
 from provisioner.audit.checks import ABSENT, each
-from provisioner.module_utils import sysctl_files
+from provisioner.base.module_utils import sysctl_files
 
 settings = each(lambda expected: expected["sysctl"]["settings"].items(), ids=lambda setting: setting[0])
 

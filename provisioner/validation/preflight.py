@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.memory_plan import GpuMemory, host_memory
-from provisioner.remote import HostShell, RemoteError
+from provisioner.validation.memory_plan import GpuMemory, host_memory
+from provisioner.fleet.remote import HostShell, RemoteError
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.driver import BuildUse, builds_used, unchecked_images
 from provisioner.vllm.builds import Build, builds_of

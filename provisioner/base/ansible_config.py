@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.hostkeys import ssh_options
+from provisioner.base.hostkeys import ssh_options
 
 MUST_WIN = {
     # both names the ssh plugin reads
@@ -61,7 +61,7 @@ PREFERRED = (
 # Mitogen's strategy (its package is a dependency), from our strategy folder; the user's strategy plugin
 # folders stay on the path after it
 STRATEGY = "mitogen_linear_cached"
-STRATEGY_DIR = Path(__file__).resolve().parent / "ansible_plugins" / "strategy"
+STRATEGY_DIR = Path(__file__).resolve().parents[1] / "ansible_plugins" / "strategy"
 STRATEGY_SETTINGS = ("DEFAULT_STRATEGY", "DEFAULT_STRATEGY_PLUGIN_PATH")
 
 HOST_KEY_OPTIONS = {option.split()[0].lower() for option in ssh_options("x")} | {"knownhostscommand", "hostkeyalias"}

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 
 SCAN_TIMEOUT_S = 5
 # threads here start ssh-keyscan and ssh-keygen at the same time: see the same switch in audit/suite/conftest.py
