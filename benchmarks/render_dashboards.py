@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.fleet.dashboards import dashboards, with_variables
 from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel

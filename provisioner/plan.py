@@ -13,9 +13,11 @@ from typing import Any
 
 from provisioner.base.addresses import is_loopback
 from provisioner.base.file_formats import compose_environment, env_file_environment, unit_environment
-from provisioner.gpu.topology import multinode_split_warnings, tensor_parallel_p2p_warnings
-from provisioner.validation.memory_plan import GpuMemory, host_memory
 from provisioner.base.module_utils import value_rules
+from provisioner.base.secrets import read_api_key
+from provisioner.gpu.topology import multinode_split_warnings, tensor_parallel_p2p_warnings
+from provisioner.spec import Host, Instance, Spec
+from provisioner.validation.memory_plan import GpuMemory, host_memory
 from provisioner.validation.preflight import DriverCheck, driver_check, memory_problems
 from provisioner.validation.roles import (
     COMPOSE_UNIT_TEMPLATE,
@@ -29,8 +31,6 @@ from provisioner.validation.roles import (
     render_role_file,
     render_string,
 )
-from provisioner.base.secrets import read_api_key
-from provisioner.spec import Host, Instance, Spec
 from provisioner.vllm.serve_args import ANY_ADDRESS
 
 

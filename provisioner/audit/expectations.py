@@ -22,10 +22,12 @@ from typing import Any
 import yaml
 
 from provisioner.base.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
-from provisioner.fleet.inventory import secret_sources
 from provisioner.base.module_utils import driver_state, systemd_dropins
-from provisioner.fleet.monitoring import duration_seconds, expected_targets
 from provisioner.base.paths import role_dir
+from provisioner.base.secrets import declared_digests, read_api_key, read_secret, redact_environment, shown_command
+from provisioner.fleet.inventory import secret_sources
+from provisioner.fleet.monitoring import duration_seconds, expected_targets
+from provisioner.fleet.remote import Connection, spec_connection
 from provisioner.plan import (
     EXPORTER_TEMPLATES,
     GATEWAY_TEMPLATE,
@@ -35,7 +37,8 @@ from provisioner.plan import (
     gateway_file,
     host_files,
 )
-from provisioner.fleet.remote import Connection, spec_connection
+from provisioner.spec import Host, Instance, Spec
+from provisioner.spec.driver import builds_used
 from provisioner.validation.roles import (
     ENV_TEMPLATE,
     UNIT_TEMPLATES,
@@ -47,10 +50,14 @@ from provisioner.validation.roles import (
     role_defaults,
     role_vars,
 )
-from provisioner.base.secrets import declared_digests, read_api_key, read_secret, redact_environment, shown_command
-from provisioner.spec import Host, Instance, Spec
-from provisioner.spec.driver import builds_used
-from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
+from provisioner.vllm.serve_args import (
+    ANY_ADDRESS,
+    bracketed,
+    command_options,
+    config_options,
+    memory_share,
+    serving_expectations,
+)
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 MODPROBE_TEMPLATE = "blacklist-nouveau.conf.j2"

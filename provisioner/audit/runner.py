@@ -30,8 +30,8 @@ from typing import Any
 from provisioner.audit.expectations import Target, profile_expectations, profile_variables
 from provisioner.audit.text import PROGRESS_PREFIX
 from provisioner.base.hostkeys import check_host, trust_command
-from provisioner.fleet.remote import Connection, connection_options
 from provisioner.base.unreachable import CONNECT_TIMEOUT_S, LOST, explain
+from provisioner.fleet.remote import Connection, connection_options
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 CONTROL_PERSIST = "120s"

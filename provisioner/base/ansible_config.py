@@ -4,7 +4,7 @@ Ansible finds the user's configuration the usual way ($ANSIBLE_CONFIG, ./ansible
 /etc/ansible/ansible.cfg; ANSIBLE_* variables above it). On top of it:
 
 - MUST_WIN: set as environment variables, which beat any ansible.cfg (strict host key checking; the
-  variables our output needs are set in apply.py).
+  variables our output needs are set in provisioner/apply/playbook.py).
 - The collection's event callback (EVENTS_CALLBACK), added to the callbacks the user enables.
 - PREFERRED: our defaults, applied only where the user's configuration (file or ANSIBLE_* variable)
   does not set the setting; which one does is read with Ansible's own ConfigManager.

@@ -28,9 +28,9 @@ import hashlib
 import os
 import re
 import shlex
-from pathlib import Path
-from functools import lru_cache
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from provisioner.base.module_utils import value_rules

@@ -67,15 +67,16 @@ def apply(
 
     from rich.markup import escape
 
+    from provisioner.apply.controls import ControlError, Controls, split_tags
+    from provisioner.apply.hosts import apply_spec, check_apply
     from provisioner.base.ansible_config import AnsibleConfigError
-    from provisioner.apply import ControlError, Controls, apply_spec, check_apply, split_tags
-    from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
-    from provisioner.validation.preflight import PreflightError
     from provisioner.base.rollout import Rollout
     from provisioner.base.runlog import RunLog
     from provisioner.base.secrets import redact
     from provisioner.base.signals import signals_interrupt
     from provisioner.base.spec_lock import SpecBusy
+    from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
+    from provisioner.validation.preflight import PreflightError
 
     out = Output(to_stderr=as_json)
     json_to = STDOUT if as_json else None

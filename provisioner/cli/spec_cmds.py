@@ -89,8 +89,8 @@ def plan(
     from rich.markup import escape
 
     from provisioner.cli.plan_view import plan_json, show_host_plan
-    from provisioner.validation.gate import preflight_refusals
     from provisioner.plan import build_plan
+    from provisioner.validation.gate import preflight_refusals
 
     # the preflight's problems are shown after the plan, which explains them
     gated = gate_or_exit(spec, hosts, preflight=False, json_to=STDOUT if as_json else None)

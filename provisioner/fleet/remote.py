@@ -15,8 +15,8 @@ from pathlib import Path
 
 from provisioner.base.addresses import is_loopback
 from provisioner.base.hostkeys import Endpoint, explain_refusal, ssh_options, trust_command
-from provisioner.spec import Host
 from provisioner.base.unreachable import CONNECT_TIMEOUT_S, explain, liveness_options
+from provisioner.spec import Host
 
 SSH_PORT = 22
 

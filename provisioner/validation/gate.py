@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.validation.preflight import GateProblem, preflight_problems
 from provisioner.base.secrets import redact
 from provisioner.fleet.selection import SelectionError, find_spec, select_hosts
 from provisioner.spec import Host, Problem, Spec, SpecError, load_spec
 from provisioner.spec.wording import printable
+from provisioner.validation.preflight import GateProblem, preflight_problems
 
 USAGE, INVALID, REFUSED = "usage", "invalid", "refused"  # what kind of refusal: a GateRefused's `kind`
 FIX_SEPARATOR = " — "

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.fleet.remote import Connection
 from provisioner.audit.runner import disconnect
+from provisioner.fleet.remote import Connection
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner.apply import Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
 from provisioner.base.rollout import Rollout

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from provisioner.apply import run_playbook
+from provisioner.apply.playbook import run_playbook
 from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.lab.hosts import Lab

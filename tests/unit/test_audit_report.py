@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from provisioner.audit.report import host_table, json_text, junit_text, summary, write_json, write_junit
-from provisioner.fleet.remote import Connection
 from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, say_lost, ssh_config_block
 from provisioner.base.unreachable import LOST
+from provisioner.fleet.remote import Connection
 from tests.unit.test_audit_suite import run_plugin
 
 

@@ -15,7 +15,6 @@ import pytest
 from provisioner.audit.checks import Audit, Drift
 from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
 from provisioner.audit.processes import is_vllm_command
-from provisioner.audit.text import modprobe_dry_run
 from provisioner.audit.suite.facts import (
     HTTP_PROBE,
     HTTPS_PROBE,
@@ -26,7 +25,7 @@ from provisioner.audit.suite.facts import (
     parse_outputs,
     parse_unit,
 )
-from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command
+from provisioner.audit.text import environment_words, modprobe_dry_run, show_blocks, shown_argv, shown_command
 from provisioner.base.file_formats import sysctl_settings
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -303,11 +302,11 @@ def test_modprobe_dry_run_with_nothing_printed_is_not_refused():
 # --------------------------------------------------------------------------- the boot unit, the venv's vLLM, managed files
 
 import base64  # noqa: E402
+import warnings  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 from provisioner.audit.checks import Case  # noqa: E402
 from provisioner.audit.expectations import spec_targets  # noqa: E402
-import warnings  # noqa: E402
 
 with warnings.catch_warnings():  # the suite's marker is registered by its own conftest, not here
     warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from provisioner.apply.controls import Controls, phase_tags, site_tags, split_tags
 from provisioner.base.ansible_config import ansible_environment, mitogen_strategy_dir
-from provisioner.apply import Controls, phase_tags, site_tags, split_tags
-from provisioner.cli.main import app
-from provisioner.fleet.inventory import write_inventory
 from provisioner.base.paths import EXAMPLES_DIR, role_dir
 from provisioner.base.runlog import RunLog, runs_dir
+from provisioner.cli.main import app
+from provisioner.fleet.inventory import write_inventory
 from provisioner.fleet.selection import select_hosts
 from provisioner.spec import load_spec
 from tests.unit.conftest import UUID1, host, instance, problems_of, spec_data, write_spec

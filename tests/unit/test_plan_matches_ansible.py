@@ -24,8 +24,8 @@ from ansible.utils.collection_loader import AnsibleCollectionConfig
 from provisioner.audit.expectations import env_file_sha256
 from provisioner.base.paths import EXAMPLES_DIR, ROLES_DIR, collections_dir
 from provisioner.plan import build_plan
-from provisioner.validation.roles import UNIT_TEMPLATES, host_variables
 from provisioner.spec import load_spec, validate_spec
+from provisioner.validation.roles import UNIT_TEMPLATES, host_variables
 from tests.injection_values import QUOTED
 from tests.unit.conftest import instance, spec_data
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.base.module_utils import sysctl_files
+
 OURS = "/etc/sysctl.d/60-vllm-provision.conf"
 
 

@@ -17,7 +17,9 @@ import pytest
 from provisioner.audit.checks import Audit, Case, Drift
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.suite.facts import Output, dropin_files, parse_unit
-from provisioner.base.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
+from provisioner.base.module_utils import (
+    systemd_dropins as dropins,  # the role's module judges drop-ins with the same code
+)
 from provisioner.base.paths import COLLECTION, EXAMPLES_DIR, collections_dir
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec

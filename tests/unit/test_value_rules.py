@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.fleet import monitoring
 from provisioner.base.module_utils import value_rules
 from provisioner.base.paths import ROLES_DIR, collections_dir
 from provisioner.base.secrets import read_api_key
+from provisioner.fleet import monitoring
 from provisioner.spec import SpecError, validate_spec
 from provisioner.tune.slo import SloError, parse_slo
 from provisioner.vllm.flags import load_catalog, read_value, supported_versions, value_problem

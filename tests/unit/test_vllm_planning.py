@@ -7,13 +7,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from provisioner.cli.main import app
 from provisioner.base.paths import EXAMPLES_DIR
+from provisioner.cli.main import app
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec, validate_spec
-from provisioner.vllm.memory import InstanceDemand, cuda_total_bytes, load_model_shape, plan_gpu
-from provisioner.vllm.flags import length
 from provisioner.validation.memory_plan import GPU_MEMORY_MIB
+from provisioner.vllm.flags import length
+from provisioner.vllm.memory import InstanceDemand, cuda_total_bytes, load_model_shape, plan_gpu
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 H200_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "h200-runs"

@@ -18,12 +18,11 @@ from typing import Any
 
 import testinfra
 
-from provisioner.base.unreachable import LOST, explain
-
 from provisioner.audit.text import environment_words, shown_argv
-from provisioner.gpu.facts import GpuFacts, facts_from_data
 from provisioner.base.module_utils import driver_state, sysctl_files
 from provisioner.base.paths import module_utils_file, role_dir
+from provisioner.base.unreachable import LOST, explain
+from provisioner.gpu.facts import GpuFacts, facts_from_data
 from provisioner.gpu.smi import SmiError, query_arguments, read_smi_facts
 
 HTTP_PROBE = Path(__file__).with_name("http_probe.sh")  # bash /dev/tcp: plain http

@@ -19,8 +19,8 @@ from typing import Any
 
 from provisioner.audit.checks import ABSENT, each
 from provisioner.audit.suite.instance_files import first_difference
-from provisioner.base.module_utils import gpu_settings
 from provisioner.base.file_formats import systemd_words
+from provisioner.base.module_utils import gpu_settings
 from provisioner.validation.roles import render_role_file
 
 managed = each(lambda expected: expected.get("managed_files", []), ids=lambda file: file["path"])

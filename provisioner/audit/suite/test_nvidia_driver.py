@@ -9,8 +9,8 @@ release installed in the branch and held, its module built for every kernel with
 """
 
 from provisioner.audit.checks import each
-from provisioner.gpu import checks as gpu
 from provisioner.base.module_utils import driver_state
+from provisioner.gpu import checks as gpu
 
 needs = each(lambda expected: [expected["driver"]] if expected.get("driver") else [], ids=lambda _: "driver")
 

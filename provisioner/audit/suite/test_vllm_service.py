@@ -12,12 +12,14 @@ import json
 
 from provisioner.audit.checks import REPORTED, UNSET, each, matches, shown
 from provisioner.audit.expectations import TIME_SPANS
-from provisioner.base.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
 from provisioner.audit.suite.instance_files import (
     expect_config_file,
     expect_env_file_content,
     expect_env_file_mode,
     expect_env_file_owner,
+)
+from provisioner.base.module_utils import (
+    systemd_dropins as dropins,  # the role's module judges drop-ins with the same code
 )
 from provisioner.base.secrets import REDACTED, is_secret_name, shown_command
 from provisioner.vllm.serve_args import bracketed
