@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.ansible_config import STRATEGY, mitogen_strategy_dir
+from provisioner.base.ansible_config import STRATEGY, mitogen_strategy_dir
 
 BUDGET_S = 1.5  # issue 33: controller CPU-seconds per host per no-change apply
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import Target, spec_targets
 from provisioner.audit.runner import audit_hosts, disconnect, exit_code
 from provisioner.spec import load_spec

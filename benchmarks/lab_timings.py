@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.spec import load_spec
 from tests.lab.hosts import Lab
 from tests.lab.rootfs import ensure_rootfs

@@ -1,4 +1,4 @@
-"""Draw the two Grafana dashboards of provisioner/dashboards.py from real Prometheus queries, with matplotlib.
+"""Draw the two Grafana dashboards of provisioner/fleet/dashboards.py from real Prometheus queries, with matplotlib.
 
 No Grafana can run here (Debian does not package it), so this is not a Grafana screenshot: it boots the monitoring
 lab (two systemd-nspawn Debian hosts, tests/lab/monitoring.py: Debian's node_exporter and Prometheus, the stand-in
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.apply import apply_spec
-from provisioner.dashboards import dashboards, with_variables
+from provisioner.apply.hosts import apply_spec
+from provisioner.fleet.dashboards import dashboards, with_variables
 from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
 from tests.lab.haproxy import repo_hosts

@@ -1,6 +1,6 @@
 """What `apply` would do to each host, computed without touching it.
 
-One source: the roles, read as data (provisioner/roles.py): their own templates rendered from
+One source: the roles, read as data (provisioner/validation/roles.py): their own templates rendered from
 their defaults overlaid with the host's generated host_vars, each file where the role's own
 template task puts it. Nothing here re-implements a unit or a config file in Python.
 """
@@ -11,13 +11,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from provisioner.addresses import is_loopback
-from provisioner.file_formats import compose_environment, env_file_environment, unit_environment
+from provisioner.base.addresses import is_loopback
+from provisioner.base.file_formats import compose_environment, env_file_environment, unit_environment
+from provisioner.base.module_utils import value_rules
+from provisioner.base.secrets import read_api_key
 from provisioner.gpu.topology import multinode_split_warnings, tensor_parallel_p2p_warnings
-from provisioner.memory_plan import GpuMemory, host_memory
-from provisioner.module_utils import value_rules
-from provisioner.preflight import DriverCheck, driver_check, memory_problems
-from provisioner.roles import (
+from provisioner.spec import Host, Instance, Spec
+from provisioner.validation.memory_plan import GpuMemory, host_memory
+from provisioner.validation.preflight import DriverCheck, driver_check, memory_problems
+from provisioner.validation.roles import (
     COMPOSE_UNIT_TEMPLATE,
     CONFIG_TEMPLATE,
     ENV_TEMPLATE,
@@ -29,8 +31,6 @@ from provisioner.roles import (
     render_role_file,
     render_string,
 )
-from provisioner.secrets import read_api_key
-from provisioner.spec import Host, Instance, Spec
 from provisioner.vllm.serve_args import ANY_ADDRESS
 
 
@@ -130,7 +130,7 @@ GPU_TIMER_TEMPLATES = ("nvsmi-textfile.service.j2", "nvsmi-textfile.timer.j2")
 
 def monitoring_files(variables: dict[str, Any]) -> list[PlannedFile]:
     """Role node_exporter's files (its arguments, the GPU timer's units) and, on the monitoring host, role
-    prometheus's: the configuration provisioner/monitoring.py computes, and its arguments."""
+    prometheus's: the configuration provisioner/fleet/monitoring.py computes, and its arguments."""
     files = []
     if variables["node_exporter_enabled"]:
         names = EXPORTER_TEMPLATES + (GPU_TIMER_TEMPLATES if variables["node_exporter_gpu_timer"] else ())

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic.json_schema import GenerateJsonSchema
 
-from provisioner.paths import SPEC_EXAMPLE
+from provisioner.base.paths import SPEC_EXAMPLE
 from provisioner.spec import Spec
 
 SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"

@@ -6,7 +6,7 @@ plugins/module_utils/value_rules.py, which the spec, the plan and the audit use 
     {{ server.address | vllm_provision.gpu_host.host_port(server.port) }}    2001:db8::11 → [2001:db8::11]:8000
     {{ bind | vllm_provision.gpu_host.bracketed }}                           :: → [::]
 
-`provision plan` renders the same templates with plain Jinja2, where provisioner/roles.py registers the same
+`provision plan` renders the same templates with plain Jinja2, where provisioner/validation/roles.py registers the same
 functions under the same names (value_rules.FILTERS).
 """
 

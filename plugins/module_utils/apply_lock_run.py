@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Part of vllm-provision (role apply_lock). Standard library only: the action plugin apply_lock, provision apply
-# (provisioner.module_utils) and, sent as it is over ssh, the hosts use it.
+# (provisioner.base.module_utils) and, sent as it is over ssh, the hosts use it.
 """Who holds a host's apply lock: a run is a process on a controller (its machine id, pid and start time), so a
 run that is gone is seen from its own controller; and the give-back of a run's own lock."""
 

@@ -5,7 +5,7 @@ settings of a unit we write it changes.
 
 Ansible ships this file to the targets with the module `unit_overrides` (which finds the drop-ins
 on disk, as systemd will read them at the next daemon-reload); `provision audit` loads the same file
-on the controller (provisioner.module_utils.load_module_utils) to judge the drop-ins that
+on the controller (provisioner.base.module_utils.load_module_utils) to judge the drop-ins that
 `systemctl show -p DropInPaths` lists: one reading of "changes a managed setting" for both.
 
 A managed setting is a key the unit we render sets (any section: `User`, `After`, `ExecStart`…),

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from provisioner.audit.registry import Audit, Case, Check, NotApplicable, all_checks, concerns
-from provisioner.unreachable import LOST, explain
+from provisioner.base.unreachable import LOST, explain
 
 # every concern's facts may need it: the host is a container (no kernel, initramfs or boot loader of its own)
 HOST_COMMANDS = {"virt": "systemd-detect-virt --container"}

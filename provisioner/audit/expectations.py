@@ -21,11 +21,13 @@ from typing import Any
 
 import yaml
 
-from provisioner.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
-from provisioner.inventory import secret_sources
-from provisioner.module_utils import driver_state, systemd_dropins
-from provisioner.monitoring import duration_seconds, expected_targets
-from provisioner.paths import role_dir
+from provisioner.base.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
+from provisioner.base.module_utils import driver_state, systemd_dropins
+from provisioner.base.paths import role_dir
+from provisioner.base.secrets import declared_digests, read_api_key, read_secret, redact_environment, shown_command
+from provisioner.fleet.inventory import secret_sources
+from provisioner.fleet.monitoring import duration_seconds, expected_targets
+from provisioner.fleet.remote import Connection, spec_connection
 from provisioner.plan import (
     EXPORTER_TEMPLATES,
     GATEWAY_TEMPLATE,
@@ -35,8 +37,9 @@ from provisioner.plan import (
     gateway_file,
     host_files,
 )
-from provisioner.remote import Connection, spec_connection
-from provisioner.roles import (
+from provisioner.spec import Host, Instance, Spec
+from provisioner.spec.driver import builds_used
+from provisioner.validation.roles import (
     ENV_TEMPLATE,
     UNIT_TEMPLATES,
     find_task_args,
@@ -47,10 +50,14 @@ from provisioner.roles import (
     role_defaults,
     role_vars,
 )
-from provisioner.secrets import declared_digests, read_api_key, read_secret, redact_environment, shown_command
-from provisioner.spec import Host, Instance, Spec
-from provisioner.spec.driver import builds_used
-from provisioner.vllm.serve_args import ANY_ADDRESS, bracketed, command_options, config_options, memory_share, serving_expectations
+from provisioner.vllm.serve_args import (
+    ANY_ADDRESS,
+    bracketed,
+    command_options,
+    config_options,
+    memory_share,
+    serving_expectations,
+)
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 MODPROBE_TEMPLATE = "blacklist-nouveau.conf.j2"
@@ -423,7 +430,7 @@ def managed_files(variables: dict[str, Any], plan: HostPlan) -> list[dict[str, A
 
 def monitoring_managed_files(variables: dict[str, Any]) -> list[dict[str, Any]]:
     """Role node_exporter's files (its arguments; the GPU timer's script and units) and, on the monitoring host,
-    role prometheus's (the configuration provisioner/monitoring.py computes, its arguments): the files
+    role prometheus's (the configuration provisioner/fleet/monitoring.py computes, its arguments): the files
     `provision plan` shows, in the order the roles write them."""
     files = []
     if variables.get("node_exporter_enabled"):

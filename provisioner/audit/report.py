@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from provisioner.audit.runner import HostReport, exit_code
-from provisioner.secrets import redact
+from provisioner.base.secrets import redact
 
 STATUS_STYLE = {"passed": "green", "failed": "bold red", "n/a": "cyan", "error": "bold red", "skipped": "yellow"}
 COUNTED = ("passed", "failed", "n/a", "error")

@@ -23,9 +23,9 @@ from typing import Any
 
 from provisioner.audit.engine import CheckResult, audit_facts, described, host_cases, read_facts
 from provisioner.audit.expectations import Target, profile_expectations, profile_variables
-from provisioner.hostkeys import check_host, trust_command
-from provisioner.remote import Connection, connection_options
-from provisioner.unreachable import CONNECT_TIMEOUT_S, LOST, explain
+from provisioner.base.hostkeys import check_host, trust_command
+from provisioner.base.unreachable import CONNECT_TIMEOUT_S, LOST, explain
+from provisioner.fleet.remote import Connection, connection_options
 
 CONTROL_PERSIST = "120s"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from provisioner.module_utils import systemd_show
-from provisioner.secrets import shown_command  # noqa: F401 (the checks and their tests read it here too)
+from provisioner.base.module_utils import systemd_show
+from provisioner.base.secrets import shown_command  # noqa: F401 (the checks and their tests read it here too)
 
 
 def environment_words(value: str) -> dict[str, str]:

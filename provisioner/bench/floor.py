@@ -9,7 +9,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from provisioner.remote import HostShell, RemoteError
+from provisioner.fleet.remote import HostShell, RemoteError
 
 # Copies a buffer of up to 1 GiB (a quarter of the free memory at most: instances may hold the rest)
 # 20 times after 3 warm-ups; prints the GPU's name and GB/s as JSON. Also the read-only rate (a sum).

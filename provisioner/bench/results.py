@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.secrets import redact_data
+from provisioner.base.secrets import redact_data
 
 # the metrics a summary keeps: vLLM's result keys (latencies in ms, throughputs per second)
 THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")

@@ -18,7 +18,7 @@ from provisioner.bench.floor import Bandwidth, measure_bandwidth, tpot_floor_ms
 from provisioner.bench.loads import Load
 from provisioner.bench.results import Run, RunSet
 from provisioner.bench.target import BenchTarget
-from provisioner.remote import RemoteError
+from provisioner.fleet.remote import RemoteError
 from provisioner.vllm.memory import load_model_shape, weight_bytes
 
 RUN_TIMEOUT_S = 3600

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
+from provisioner.base.signals import signals_held, signals_interrupt
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.plan import build_plan
-from provisioner.roles import role_defaults
-from provisioner.signals import signals_held, signals_interrupt
 from provisioner.spec import Spec, SpecError, validate_spec
+from provisioner.validation.roles import role_defaults
 
 RESTART_TIMEOUT_S = 1900  # a little over the units' TimeoutStartSec (1800)
 

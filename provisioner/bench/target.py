@@ -9,12 +9,12 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.vllm.serve_args import serving_expectations
+from provisioner.base.secrets import read_api_key
 from provisioner.bench.command import Endpoint
+from provisioner.fleet.remote import HostShell
 from provisioner.plan import PlannedUnit, host_plan
-from provisioner.remote import HostShell
-from provisioner.secrets import read_api_key
 from provisioner.spec import Instance, Spec
+from provisioner.vllm.serve_args import serving_expectations
 
 
 @dataclass(frozen=True)

@@ -67,15 +67,16 @@ def apply(
 
     from rich.markup import escape
 
-    from provisioner.ansible_config import AnsibleConfigError
-    from provisioner.apply import ControlError, Controls, apply_spec, check_apply, split_tags
+    from provisioner.apply.controls import ControlError, Controls, split_tags
+    from provisioner.apply.hosts import apply_spec, check_apply
+    from provisioner.base.ansible_config import AnsibleConfigError
+    from provisioner.base.rollout import Rollout
+    from provisioner.base.runlog import RunLog
+    from provisioner.base.secrets import redact
+    from provisioner.base.signals import signals_interrupt
+    from provisioner.base.spec_lock import SpecBusy
     from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
-    from provisioner.preflight import PreflightError
-    from provisioner.rollout import Rollout
-    from provisioner.runlog import RunLog
-    from provisioner.secrets import redact
-    from provisioner.signals import signals_interrupt
-    from provisioner.spec_lock import SpecBusy
+    from provisioner.validation.preflight import PreflightError
 
     out = Output(to_stderr=as_json)
     json_to = STDOUT if as_json else None
@@ -132,7 +133,7 @@ def apply(
 
 
 def show_refusal(out, refused) -> None:
-    """Each reason the preflight refused the run once apply read the drivers (provisioner/preflight.py): no host
+    """Each reason the preflight refused the run once apply read the drivers (provisioner/validation/preflight.py): no host
     was changed."""
     from rich.markup import escape
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from provisioner.apply import ApplyResult, HostProgress, TaskResult, unified_diff
+from provisioner.apply.events import HostProgress, TaskResult, unified_diff
+from provisioner.apply.playbook import ApplyResult
+from provisioner.base.runlog import RunLog
+from provisioner.base.secrets import redact, redact_data
 from provisioner.cli.console import make_console
-from provisioner.runlog import RunLog
-from provisioner.secrets import redact, redact_data
 
 
 class Output:

@@ -121,14 +121,14 @@ def write_report(destination: str, text: str) -> None:
 
 def fail(message: str) -> None:
     """`audit: message` on stderr; exit 2 (the audit could not run)."""
-    from provisioner.secrets import redact
+    from provisioner.base.secrets import redact
 
     exit_with(USAGE_ERROR, f"audit: {redact(message)}")
 
 
 def found_spec(option: Path | None) -> Path:
     """--spec, $PROVISION_SPEC or ./provision.yml; none: exit 2 naming them (and `audit host`)."""
-    from provisioner.selection import SelectionError, find_spec
+    from provisioner.fleet.selection import SelectionError, find_spec
 
     try:
         return find_spec(option)
@@ -151,7 +151,7 @@ def host_target(url: str, key: Path | None, known_hosts: Path | None) -> Target:
     from urllib.parse import urlsplit
 
     from provisioner.audit.expectations import Target
-    from provisioner.remote import Connection
+    from provisioner.fleet.remote import Connection
 
     parts = urlsplit(url if "://" in url else f"ssh://{url}")
     if parts.scheme != "ssh" or not parts.hostname:

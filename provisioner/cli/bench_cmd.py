@@ -34,6 +34,7 @@ def bench_run(
     """Load-test a deployed instance with vLLM's own `vllm bench serve`; keep the run set under --results."""
     from rich.markup import escape
 
+    from provisioner.base.secrets import redact
     from provisioner.bench.loads import get_load
     from provisioner.bench.session import BenchError, run_set_name, tpot_floor
     from provisioner.bench.sweep import parse_sweep, swept_specs
@@ -46,8 +47,7 @@ def bench_run(
         sweep_with_progress,
     )
     from provisioner.cli.console import make_console, print_spec_problems
-    from provisioner.remote import RemoteError
-    from provisioner.secrets import redact
+    from provisioner.fleet.remote import RemoteError
     from provisioner.spec import SpecError
     from provisioner.spec.wording import printable
 

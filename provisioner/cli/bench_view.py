@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from provisioner.base.secrets import redact
 from provisioner.bench.compare import compare
 from provisioner.bench.loads import Load
 from provisioner.bench.plots import PlotsUnavailable, plot_run_sets
@@ -18,7 +19,6 @@ from provisioner.bench.results import RunSet
 from provisioner.bench.session import run_bench
 from provisioner.bench.sweep import Sweep, run_sweep
 from provisioner.bench.target import BenchTarget
-from provisioner.secrets import redact
 
 
 def run_set_with_progress(console: Console, target: BenchTarget, load: Load, repeats: int, name: str,

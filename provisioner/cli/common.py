@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 import typer
 
 if TYPE_CHECKING:
-    from provisioner.gate import Gated
+    from provisioner.validation.gate import Gated
 
 # the exit codes of every command (README): one meaning each
 PROBLEMS_FOUND = 1  # the spec has problems, drift was found, a run failed
@@ -47,12 +47,12 @@ NOTHING_DONE = "nothing was written and no host was touched"
 
 def gate_or_exit(option: Path | None, names: list[str] | None = None, *, preflight: bool = True,
                  json_to: str | None = None, invalid_code: int = PROBLEMS_FOUND, nothing: str = NOTHING_DONE) -> Gated:
-    """The spec through the one gate (provisioner.gate: found, valid, the HOST names known; with `preflight`,
+    """The spec through the one gate (provisioner.validation.gate: found, valid, the HOST names known; with `preflight`,
     every GPU's memory and the drivers the spec names on those hosts), or exit: 2 for a usage error (no spec, an
     unknown HOST), else `invalid_code`. The refusal goes to stderr as lines (the preflight's followed by
     `nothing`: what to fix), or with `json_to` as one JSON error object: to stdout (`-`, nothing else printed) or
     into that file."""
-    from provisioner.gate import read_spec
+    from provisioner.validation.gate import read_spec
 
     gated = passed_or_exit(lambda: read_spec(option, names or []), json_to, invalid_code, nothing)
     if preflight:
@@ -63,14 +63,14 @@ def gate_or_exit(option: Path | None, names: list[str] | None = None, *, preflig
 def preflight_or_exit(gated: Gated, *, json_to: str | None = None, invalid_code: int = PROBLEMS_FOUND,
                       nothing: str = NOTHING_DONE) -> None:
     """The gate's preflight on what passed `gate_or_exit(preflight=False)`; refused: as gate_or_exit says."""
-    from provisioner.gate import preflight_gate
+    from provisioner.validation.gate import preflight_gate
 
     passed_or_exit(lambda: preflight_gate(gated), json_to, invalid_code, nothing)
 
 
 def passed_or_exit(step: Callable[[], T], json_to: str | None, invalid_code: int, nothing: str) -> T:
     """`step()` of the gate; a GateRefused shown (see gate_or_exit) and exit."""
-    from provisioner.gate import REFUSED, USAGE, GateRefused
+    from provisioner.validation.gate import REFUSED, USAGE, GateRefused
 
     try:
         return step()
@@ -86,7 +86,7 @@ def passed_or_exit(step: Callable[[], T], json_to: str | None, invalid_code: int
 
 
 def refusal_note(kinds: set[str | None], nothing: str) -> str:
-    """The line after the preflight's refusal (provisioner/preflight.py): nothing done, and what to fix."""
+    """The line after the preflight's refusal (provisioner/validation/preflight.py): nothing done, and what to fix."""
     if "driver" in kinds:
         return f"{nothing}: fix the driver or the spec (`provision plan` shows what each host needs)"
     return f"{nothing}: fix the spec (`provision plan` shows each GPU's memory)"
@@ -100,8 +100,8 @@ def write_json_error(error: dict, destination: str) -> None:
 
 
 def write_to(destination: str, text: str) -> None:
-    """`text` to stdout (`-`) or into the file (provisioner.files: whole or not at all; cannot: exit 1)."""
-    from provisioner.files import write_file
+    """`text` to stdout (`-`) or into the file (provisioner.base.files: whole or not at all; cannot: exit 1)."""
+    from provisioner.base.files import write_file
 
     if destination == STDOUT:
         typer.echo(text, nl=False)
@@ -112,7 +112,7 @@ def write_to(destination: str, text: str) -> None:
 
 @contextmanager
 def exit_on_write_error(destination: str | Path) -> Iterator[None]:
-    """An OSError while writing `destination` (nothing of it is left half-written, see provisioner.files)
+    """An OSError while writing `destination` (nothing of it is left half-written, see provisioner.base.files)
     becomes one line on stderr and exit 1."""
     try:
         yield

@@ -102,7 +102,7 @@ def print_spec_problems(console: Console, error, after: str) -> None:
     done."""
     from rich.markup import escape
 
-    from provisioner.secrets import redact
+    from provisioner.base.secrets import redact
     from provisioner.spec.wording import printable
 
     for problem in error.problems:

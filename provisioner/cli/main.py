@@ -82,8 +82,8 @@ app.add_typer(monitoring_cmd.app, name="monitoring")
 def run() -> None:
     """The `provision` script: the app, with no traceback ever reaching the user. A broken installation
     says so in one line; any other unexpected error is named as a bug, its traceback only on request."""
-    from provisioner.paths import ContentMissing
-    from provisioner.secrets import redact
+    from provisioner.base.paths import ContentMissing
+    from provisioner.base.secrets import redact
 
     try:
         app()

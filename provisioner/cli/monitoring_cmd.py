@@ -21,7 +21,7 @@ def export(
     """Validate the spec and write its Prometheus configuration: prometheus.yml, the alert rules
     (rules/vllm-provision.yml) and the file_sd targets (targets/<job>.yml); and the Grafana dashboards
     (dashboards/*.json, for Grafana's file provisioning); every file or none."""
-    from provisioner.monitoring import export as write_export
+    from provisioner.fleet.monitoring import export as write_export
 
     loaded = gate_or_exit(spec).spec
     if loaded.monitoring is None:

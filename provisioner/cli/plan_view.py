@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from provisioner.base.secrets import redact, redact_data, redact_environment
 from provisioner.cli.console import print_rule, print_table
-from provisioner.gate import Refusal
 from provisioner.plan import HostPlan, PlannedFile
-from provisioner.secrets import redact, redact_data, redact_environment
+from provisioner.validation.gate import Refusal
 from provisioner.vllm.memory import TABLE_COLUMNS
 
 

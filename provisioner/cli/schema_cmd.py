@@ -18,7 +18,7 @@ def schema(
         "--output", "-o", help="Write it to this file (e.g. provision.schema.json) instead of stdout.")] = None,
 ) -> None:
     """Print the spec's JSON Schema (draft-07): editors validate the spec with it (docs/spec.md)."""
-    from provisioner.files import write_file
+    from provisioner.base.files import write_file
     from provisioner.spec_docs import schema_text
 
     text = schema_text()

@@ -18,7 +18,7 @@ from provisioner.cli.common import (
     exit_with,
     gate_or_exit,
 )
-from provisioner.selection import DEFAULT_SPEC
+from provisioner.fleet.selection import DEFAULT_SPEC
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,7 +41,7 @@ def init(
     """Write a commented example spec to start from, and its JSON Schema beside it, for editors.
 
     The spec's first line (a yaml-language-server modeline) points editors to provision.schema.json."""
-    from provisioner.files import write_folder
+    from provisioner.base.files import write_folder
     from provisioner.spec_docs import SCHEMA_FILE_NAME, example_with_modeline, schema_text
 
     if path.is_dir():
@@ -66,7 +66,7 @@ def inventory(
     spec: SpecOption = None,
 ) -> None:
     """Validate the spec and write its Ansible inventory (hosts.yml, group_vars/, host_vars/)."""
-    from provisioner.inventory import write_inventory
+    from provisioner.fleet.inventory import write_inventory
 
     gated = gate_or_exit(spec)
     with exit_on_write_error(output):
@@ -89,8 +89,8 @@ def plan(
     from rich.markup import escape
 
     from provisioner.cli.plan_view import plan_json, show_host_plan
-    from provisioner.gate import preflight_refusals
     from provisioner.plan import build_plan
+    from provisioner.validation.gate import preflight_refusals
 
     # the preflight's problems are shown after the plan, which explains them
     gated = gate_or_exit(spec, hosts, preflight=False, json_to=STDOUT if as_json else None)

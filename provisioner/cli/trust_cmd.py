@@ -22,7 +22,7 @@ def trust(
 ) -> None:
     """Scan the hosts' keys, show their fingerprints and, once confirmed, record them in each host's
     ssh.known_hosts file (~/.ssh/known_hosts when the spec names none)."""
-    from provisioner.hostkeys import (
+    from provisioner.base.hostkeys import (
         CHANGED,
         TRUSTED,
         Endpoint,

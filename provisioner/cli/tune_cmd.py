@@ -45,6 +45,7 @@ def tune(
     """Find the flags with the highest throughput that meets an SLO; the deployed config is restored after."""
     from rich.markup import escape
 
+    from provisioner.base.secrets import redact
     from provisioner.bench.loads import get_load
     from provisioner.bench.results import ResultError
     from provisioner.bench.session import BenchError, run_set_name
@@ -52,8 +53,7 @@ def tune(
     from provisioner.bench.target import bench_target
     from provisioner.cli.console import make_console, print_spec_problems
     from provisioner.cli.tune_view import report, run_with_progress, write_winner_to
-    from provisioner.remote import RemoteError
-    from provisioner.secrets import redact
+    from provisioner.fleet.remote import RemoteError
     from provisioner.spec import SpecError
     from provisioner.spec.wording import printable
     from provisioner.tune.measure import replay

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from provisioner.base.secrets import redact
 from provisioner.bench.loads import Load
 from provisioner.bench.plots import PlotsUnavailable
 from provisioner.bench.target import BenchTarget
-from provisioner.secrets import redact
 from provisioner.spec import Spec
 from provisioner.tune.measure import run_tune
 from provisioner.tune.plot import plot_pareto

@@ -4,5 +4,5 @@ Nothing here imports the spec (pydantic): `provision facts` runs on a GPU host w
 only the standard library, typer, rich and nvidia-ml-py. The code that reads and sets
 GPUs is shared with the Ansible module `nvidia_gpu`: it lives in
 roles/nvidia_gpu/module_utils/ (Ansible ships it to the targets) and is loaded from
-there by `provisioner.module_utils`.
+there by `provisioner.base.module_utils`.
 """

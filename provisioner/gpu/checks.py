@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from provisioner.base.module_utils import gpu_settings
 from provisioner.gpu.facts import Gpu, GpuFacts
-from provisioner.module_utils import gpu_settings
 from provisioner.vllm.cuda_drivers import branch_of
 
 # Active reasons that do not hold a working GPU back.

@@ -16,7 +16,7 @@ arguments as labels, as tests/fixtures/gpu/record_nvml.py records them
 
 from __future__ import annotations
 
-from provisioner.module_utils import gpu_facts
+from provisioner.base.module_utils import gpu_facts
 
 LiveNvml = gpu_facts.LiveNvml
 ReplayNvml = gpu_facts.ReplayNvml

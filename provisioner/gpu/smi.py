@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from provisioner.module_utils import gpu_facts
+from provisioner.base.module_utils import gpu_facts
 
 SmiError = gpu_facts.SmiError
 QUERY_FIELDS = gpu_facts.QUERY_FIELDS

@@ -11,16 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from provisioner.base.module_utils import value_rules
 from provisioner.gpu import cards
-from provisioner.module_utils import value_rules
 from provisioner.spec.driver import cuda_problems, driver_problems
 from provisioner.spec.errors import Problem
 from provisioner.spec.gateway_checks import gateway_problems
 from provisioner.spec.gateways import GATEWAY_GROUP
-from provisioner.spec.monitoring_checks import MONITORING_GROUP
 from provisioner.spec.messages import gpu_label, path_of
-from provisioner.spec.monitoring_checks import monitoring_problems
 from provisioner.spec.models import GROUP_OPTIONS, Host, Instance, is_int
+from provisioner.spec.monitoring_checks import MONITORING_GROUP, monitoring_problems
 from provisioner.spec.multinode_checks import multinode_problems
 from provisioner.spec.parts import SpecParts, keyed_problems, present
 from provisioner.spec.port_checks import port_problems

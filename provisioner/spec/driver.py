@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from provisioner.base.module_utils import value_rules
 from provisioner.gpu.architectures import needs_open_modules, older_than_turing
-from provisioner.module_utils import value_rules
 from provisioner.spec.errors import Problem
 from provisioner.spec.models import Container, DriverSettings, Host, Instance
 from provisioner.spec.parts import SpecParts, present

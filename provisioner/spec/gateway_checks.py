@@ -6,9 +6,9 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from provisioner.base.addresses import is_loopback
+from provisioner.base.secrets import read_api_key
 from provisioner.spec.errors import Problem
-from provisioner.addresses import is_loopback
-from provisioner.secrets import read_api_key
 from provisioner.spec.gateways import Replica, routes, served_names
 from provisioner.spec.models import Gateway
 from provisioner.spec.parts import SpecParts, present

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from provisioner.addresses import is_loopback
+from provisioner.base.addresses import is_loopback
 from provisioner.spec.models import Gateway, Host, Instance
 from provisioner.vllm.serve_args import ANY_ADDRESS
 

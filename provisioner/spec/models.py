@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Tag as UnionTag
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -26,11 +25,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic import Tag as UnionTag
 from pydantic_core import PydanticCustomError
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
+from provisioner.base.vault import is_vault_text
 from provisioner.spec.wording import literal, show
-from provisioner.vault import is_vault_text
 from provisioner.vllm.builds import build_of
 from provisioner.vllm.profiles import profile_env, profile_options
 

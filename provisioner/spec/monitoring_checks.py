@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 
-from provisioner.addresses import is_loopback
+from provisioner.base.addresses import is_loopback
 from provisioner.spec.errors import Problem
 from provisioner.spec.parts import SpecParts, present
 

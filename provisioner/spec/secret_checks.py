@@ -1,16 +1,16 @@
 """Secrets by declaration: an instance's env value is secret because the spec says where it comes from
 (`{file: PATH}` or `{env: NAME}`, models.SecretValue) or holds it vault-encrypted (`!vault |`, decrypted with
-ansible-playbook's vault password: provisioner/vault.py), never in clear. These checks refuse an inline
+ansible-playbook's vault password: provisioner/base/vault.py), never in clear. These checks refuse an inline
 value whose name looks secret, and a declared secret the controller cannot read or the env file cannot hold;
-`declare_secrets` hands every declared value to provisioner/secrets.py, which redacts it wherever it appears.
+`declare_secrets` hands every declared value to provisioner/base/secrets.py, which redacts it wherever it appears.
 No message shows a value: they name the field and where the value comes from."""
 
 from __future__ import annotations
 
 import re
 
-from provisioner.secrets import declare_secret, is_secret_name, read_secret
-from provisioner.vault import VaultProblem
+from provisioner.base.secrets import declare_secret, is_secret_name, read_secret
+from provisioner.base.vault import VaultProblem
 from provisioner.spec.errors import Problem
 from provisioner.spec.models import SecretValue, Spec
 from provisioner.spec.parts import SpecParts, present

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from provisioner.secrets import read_api_key
+from provisioner.base.secrets import read_api_key
 from provisioner.spec.errors import Problem
 from provisioner.spec.messages import path_of
 from provisioner.spec.models import Host, SecretValue

@@ -24,12 +24,12 @@ from typing import Any
 
 import yaml
 
+from provisioner.base.secrets import redact
 from provisioner.bench.loads import Load
 from provisioner.bench.results import ResultError, load_run_set
 from provisioner.bench.session import OnRun, run_bench
 from provisioner.bench.sweep import changed_spec, restored_config
 from provisioner.bench.target import BenchTarget, bench_target
-from provisioner.secrets import redact
 from provisioner.spec import Spec, SpecError
 from provisioner.tune.search import Budget, Candidate, Outcome, SearchResult, Skipped, evaluate, search
 from provisioner.tune.slo import Slo

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATISTICS = ("p50", "p90", "p99", "mean", "median")

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.files import write_file
+from provisioner.base.files import write_file
 from provisioner.spec import Spec, load_spec
 
 COMMENT = "# provision tune"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 
 bracketed = value_rules.bracketed  # an address as it goes before :port (the one rule, value_rules)
 VLLM_DEFAULT_PORT = 8000

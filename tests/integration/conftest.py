@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
 from provisioner.spec import load_spec

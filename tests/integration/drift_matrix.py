@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from provisioner.paths import role_dir
+from provisioner.base.paths import role_dir
 from tests.doubles.nvidia_smi_standin import FAIL_AT_BOOT
 
 UNIT = "vllm-chat.service"

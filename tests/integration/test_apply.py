@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from benchmarks.h200.drain import completion
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
 from tests.lab.load import first_token_seconds

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
-from provisioner.remote import Connection, connection_options
 from provisioner.audit.runner import HostReport, audit_hosts, disconnect
+from provisioner.fleet.remote import Connection, connection_options
 from provisioner.spec import load_spec
 from tests.lab.specs import (
     MODEL,

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED
-from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
+from provisioner.fleet.remote import Connection
 from tests.lab.specs import HAND_VLLM_BIN, fake_gpu_uuid, install_standin, install_vllm_by_hand
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.bench.results import load_run_set
 from provisioner.spec import load_spec
 from tests.lab.bench_client import boot_bench_host

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.apply import Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
 from provisioner.spec import load_spec
 from tests.lab.specs import host_entry, write_spec
 

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from provisioner.apply import Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
 from provisioner.spec import load_spec

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from provisioner.apply import ApplyResult, Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
+from provisioner.apply.playbook import ApplyResult
 from tests.integration.drift_matrix import DRIFTS, GPU_BOOT_UNIT, OTHER_VLLM_VERSION, OTHER_VLLM_WHEEL, UNIT, Drift
 from tests.integration.test_audit import chat_host, failing_rows, main_pid
 from tests.lab.specs import fake_gpu_uuid, standin_wheelhouse

@@ -14,11 +14,12 @@ import subprocess
 import sys
 
 import pytest
-
 import yaml
 
-from provisioner.apply import TaskResult, apply_spec, run_playbook
-from provisioner.inventory import write_inventory
+from provisioner.apply.events import TaskResult
+from provisioner.apply.hosts import apply_spec
+from provisioner.apply.playbook import run_playbook
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.paths import collections_dir, site_playbook
+from provisioner.base.paths import collections_dir, site_playbook
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
 from tests.lab.terminal import as_from_a_terminal
 

@@ -23,7 +23,8 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner.apply import Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
 from provisioner.spec import load_spec
 from tests.integration.conftest import audit_failures, check_then_apply_twice
 from tests.lab.haproxy import haproxy_repo, repo_hosts

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
 from provisioner.bench.target import bench_target
+from provisioner.fleet.remote import Connection
 from provisioner.spec import load_spec
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.remote import Connection
 from provisioner.audit.runner import disconnect
+from provisioner.fleet.remote import Connection
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,7 +252,7 @@ def test_the_wheel_and_the_sdist_carry_every_file_the_tool_runs(artefacts):
 
 def test_the_installed_package_runs_from_its_venv_not_from_a_checkout(from_wheel, from_sdist, from_pipx):
     for installed in (from_wheel, from_sdist, from_pipx):
-        where = run([installed.python, "-c", "import provisioner, provisioner.paths as p; print(provisioner.__file__); "
+        where = run([installed.python, "-c", "import provisioner, provisioner.base.paths as p; print(provisioner.__file__); "
                      "print(p.CONTENT_ROOT)"], cwd=installed.folder, env=installed.env).stdout.split()
         site = installed.python.parent.parent
         assert all(Path(path).resolve().is_relative_to(site.resolve()) for path in where), (installed.name, where)

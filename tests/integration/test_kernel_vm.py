@@ -28,9 +28,11 @@ import time
 
 import pytest
 
-from provisioner.apply import Controls, TaskResult, apply_spec
-from provisioner.audit.runner import disconnect
+from provisioner.apply.controls import Controls
+from provisioner.apply.events import TaskResult
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
+from provisioner.audit.runner import disconnect
 from provisioner.spec import load_spec
 from tests.integration.test_audit import CONTAINER_NOT_APPLICABLE, audit_one, not_passed
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec

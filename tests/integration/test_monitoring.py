@@ -20,9 +20,10 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner import monitoring
-from provisioner.apply import Controls, apply_spec
-from provisioner.dashboards import dashboards, expressions, with_variables
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
+from provisioner.fleet import monitoring
+from provisioner.fleet.dashboards import dashboards, expressions, with_variables
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec
 from tests.doubles.vllm_wheel import build_standin_wheel
@@ -30,7 +31,6 @@ from tests.integration.conftest import audit_failures, check_then_apply_twice
 from tests.lab.haproxy import repo_hosts
 from tests.lab.monitoring import PROMETHEUS_PORT, monitoring_repo, monitoring_spec, stream_completion
 from tests.lab.specs import MODEL, fake_gpu_uuid
-
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,11 @@ import urllib.request
 import pytest
 import yaml
 
-from provisioner.apply import Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
-from provisioner.rollout import Rollout
+from provisioner.base.rollout import Rollout
 from provisioner.spec import load_spec
 from tests.integration.conftest import audit_failures, check_then_apply_twice, disk_state
 from tests.integration.test_gateway import wait_for

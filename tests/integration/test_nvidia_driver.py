@@ -21,14 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.apply import Controls, apply_spec, run_playbook
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
+from provisioner.apply.playbook import run_playbook
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import disconnect
-from provisioner.inventory import write_inventory
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.integration.conftest import disk_state
-from tests.lab.hosts import LAB_NOTES
 from tests.integration.test_audit import audit_one
+from tests.lab.hosts import LAB_NOTES
 from tests.lab.nvidia_driver import (
     DOUBLE_KEY,
     DriverHost,

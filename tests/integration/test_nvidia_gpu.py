@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provisioner.apply import TaskResult, run_playbook
-from provisioner.inventory import write_inventory
-from provisioner.paths import COLLECTION
+from provisioner.apply.events import TaskResult
+from provisioner.apply.playbook import run_playbook
+from provisioner.base.paths import COLLECTION
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.doubles import nvidia_smi_standin as standin
 from tests.integration.conftest import disk_state

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
 
-from provisioner.paths import collections_dir, site_playbook
+from provisioner.base.paths import collections_dir, site_playbook
 from tests.lab.specs import host_entry, install_standin, instance_entry, standin_wheelhouse, write_spec
 
 PROVISION = [sys.executable, "-m", "provisioner.cli.main"]

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.apply import TaskResult, run_playbook
-from provisioner.inventory import write_inventory
-from provisioner.paths import ROLES_DIR
+from provisioner.apply.events import TaskResult
+from provisioner.apply.playbook import run_playbook
+from provisioner.base.paths import ROLES_DIR
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.lab.specs import VLLM_INSTALL_PATH, host_entry, write_spec
 

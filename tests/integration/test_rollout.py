@@ -31,11 +31,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.apply import ApplyResult, Controls, TaskResult, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.events import TaskResult
+from provisioner.apply.hosts import apply_spec
+from provisioner.apply.playbook import ApplyResult
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
+from provisioner.base.rollout import Rollout
 from provisioner.cli.apply_view import rollout_rows
-from provisioner.rollout import Rollout
 from provisioner.spec import load_spec
 from tests.lab.containers import AptRepo
 from tests.lab.haproxy import GatewayHost, haproxy_repo

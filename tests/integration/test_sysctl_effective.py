@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.apply import Controls, TaskResult, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.events import TaskResult
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.runner import disconnect
 from tests.integration.conftest import disk_state
 from tests.integration.test_audit import applied_spec, audit_one, lab_connection, not_passed

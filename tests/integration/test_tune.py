@@ -31,7 +31,7 @@ import urllib.request
 
 import pytest
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.bench.results import load_run_set
 from provisioner.spec import load_spec
 from provisioner.tune.search import evaluate

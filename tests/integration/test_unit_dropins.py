@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.apply import Controls, apply_spec
+from provisioner.apply.controls import Controls
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.runner import audit_hosts
 from tests.integration.drift_matrix import DRIFTS

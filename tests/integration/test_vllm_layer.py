@@ -16,10 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.apply import TaskResult, apply_spec, run_playbook
+from provisioner.apply.events import TaskResult
+from provisioner.apply.hosts import apply_spec
+from provisioner.apply.playbook import run_playbook
 from provisioner.audit.text import show_blocks, shown_argv
-from provisioner.inventory import write_inventory
-from provisioner.paths import ROLES_DIR
+from provisioner.base.paths import ROLES_DIR
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.integration.conftest import audit_failures, disk_state
 from tests.lab.specs import MODEL, host_entry, install_standin, instance_entry, standin_wheelhouse, write_spec

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.paths import role_dir
+from provisioner.base.paths import role_dir
 from tests.doubles.vllm_wheel import build_standin_wheel, shared_folder
 from tests.lab.hosts import HostKind, TestHost
 from tests.lab.rootfs import PACKAGES, cache_dir, cache_lock, mmdebstrap

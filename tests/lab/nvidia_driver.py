@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.paths import role_dir
+from provisioner.base.paths import role_dir
 from tests.lab.containers import AptRepo, _QuietHandler, package_stanza
 from tests.lab.hosts import HostKind, TestHost
 from tests.lab.rootfs import PACKAGES, SUITE, apt_sources, cache_dir, cache_lock, ensure_rootfs

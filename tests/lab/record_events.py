@@ -12,8 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from provisioner.apply import run_playbook
-from provisioner.inventory import write_inventory
+from provisioner.apply.playbook import run_playbook
+from provisioner.fleet.inventory import write_inventory
 from provisioner.spec import load_spec
 from tests.lab.hosts import Lab
 from tests.lab.specs import host_entry, install_standin, instance_entry, write_spec

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.paths import COLLECTION, collections_dir
 
 
 def run_module(work: Path, name: str, args: dict, *options: str) -> tuple[dict, subprocess.CompletedProcess]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.secrets import forget_declared_secrets
+from provisioner.base.secrets import forget_declared_secrets
 from provisioner.spec import SpecError, validate_spec
 
 UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
@@ -16,7 +16,7 @@ UUID1 = "GPU-11111111-1111-4111-8111-111111111111"
 
 @pytest.fixture(autouse=True)
 def _no_declared_secrets_between_tests():
-    """A spec a test loads declares its secrets for the process (provisioner/secrets.py): the next test starts without."""
+    """A spec a test loads declares its secrets for the process (provisioner/base/secrets.py): the next test starts without."""
     yield
     forget_declared_secrets()
 

@@ -7,8 +7,16 @@ import signal
 import subprocess
 from pathlib import Path
 
-from provisioner.apply import (HostProgress, HostStats, TaskResult, _interrupted_with_parent, _stats, _tally,
-                               task_result, unified_diff)
+from provisioner.apply.events import (
+    HostProgress,
+    HostStats,
+    TaskResult,
+    stats_from_progress,
+    stats_of_run,
+    task_result,
+    unified_diff,
+)
+from provisioner.apply.playbook import _interrupted_with_parent
 
 
 def event(name: str, host: str = "gpu1", res: dict | None = None, **data) -> dict:
@@ -46,7 +54,7 @@ def test_non_result_events_are_ignored():
 
 
 def test_stats_count_changed_apart_from_ok():
-    stats = _stats({"event": "playbook_on_stats", "event_data": {
+    stats = stats_of_run({"event": "playbook_on_stats", "event_data": {
         "ok": {"gpu1": 40, "gpu2": 12}, "changed": {"gpu1": 15}, "failures": {"gpu2": 1},
         "dark": {"ghost": 1}, "skipped": {"gpu1": 19}, "processed": {"gpu1": 1, "gpu2": 1, "ghost": 1}}})
     assert list(stats) == ["ghost", "gpu1", "gpu2"]
@@ -83,7 +91,6 @@ def test_a_failed_loop_says_why_each_failed_item_failed():
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
-
 
 EVENTS = Path(__file__).resolve().parent.parent / "fixtures" / "ansible-events"
 
@@ -175,7 +182,7 @@ def test_how_far_each_host_got_is_read_from_the_events_for_a_run_stopped_before_
     assert (progress.done, progress.skipped, progress.changed) == (4, 1, ["vllm_service : Write the config files"])
     problems = [TaskResult("gpu1", "", "x", "failed")]
     progress.read(problems[0])
-    assert _tally("gpu1", progress, problems) == HostStats(ok=2, changed=1, failed=1, unreachable=0, skipped=1)
+    assert stats_from_progress("gpu1", progress, problems) == HostStats(ok=2, changed=1, failed=1, unreachable=0, skipped=1)
     assert progress.running == ""  # a result ends the task it began
 
 

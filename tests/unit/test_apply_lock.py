@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import module_utils
+from provisioner.base import module_utils
 from tests.unit.adhoc import run_module
 
 action = module_utils.apply_lock_run  # who a run is (the action plugin's and provision's)

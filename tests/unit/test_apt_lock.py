@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.module_utils import apt_lock
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.module_utils import apt_lock
+from provisioner.base.paths import COLLECTION, collections_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((ROOT / "tests" / "fixtures" / "apt" / "recorded.json").read_text())

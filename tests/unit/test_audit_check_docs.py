@@ -13,9 +13,9 @@ from functools import cache
 import pytest
 
 from provisioner.audit.check_docs import DOCS_PAGE, FORM, REGENERATE, generated_page, read_checks
-from provisioner.audit.registry import make_check
 from provisioner.audit.expectations import load_profile, profile_expectations, spec_targets
-from provisioner.paths import EXAMPLES_DIR
+from provisioner.audit.registry import make_check
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 

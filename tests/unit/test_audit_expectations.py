@@ -13,11 +13,11 @@ from provisioner.audit.expectations import (
     spec_targets,
     time_span,
 )
-from provisioner.vllm.serve_args import serving_expectations
-from provisioner.inventory import host_vars
-from provisioner.paths import EXAMPLES_DIR
+from provisioner.base.paths import EXAMPLES_DIR
+from provisioner.fleet.inventory import host_vars
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec, validate_spec
+from provisioner.vllm.serve_args import serving_expectations
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 
 SEED1_UUID = "GPU-5e3c1a2b-7d4f-4c1e-9a8b-3f2e1d0c9b8a"
@@ -189,7 +189,7 @@ def test_an_unknown_profile_names_the_known_ones():
 
 # --------------------------------------------------------------------------- what the roles leave: boot unit, vLLM, files
 
-from provisioner.paths import role_dir  # noqa: E402
+from provisioner.base.paths import role_dir  # noqa: E402
 
 
 def test_the_gpu_boot_unit_is_the_roles_own_oneshot_enabled_and_active_after_a_run(seed1):

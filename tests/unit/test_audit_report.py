@@ -13,9 +13,9 @@ from rich.console import Console
 from provisioner.audit.engine import Facts, audit_facts
 from provisioner.audit.registry import REPORTED, Case, make_check
 from provisioner.audit.report import host_table, json_text, junit_text, summary, write_json, write_junit
-from provisioner.remote import Connection
 from provisioner.audit.runner import CheckResult, HostReport, control_path, exit_code, say_lost, ssh_config_block
-from provisioner.unreachable import LOST
+from provisioner.base.unreachable import LOST
+from provisioner.fleet.remote import Connection
 
 
 def report(host: str, *statuses: str, error: str | None = None) -> HostReport:

@@ -15,7 +15,7 @@ from provisioner.audit.checks.vllm_service import dropin_modes, parse_unit
 from provisioner.audit.engine import Output, host_commands
 from provisioner.audit.expectations import spec_targets
 from provisioner.audit.registry import Case
-from provisioner.paths import ROLES_DIR
+from provisioner.base.paths import ROLES_DIR
 from provisioner.spec import load_spec
 from tests.unit.audit_rows import run_row
 from tests.unit.conftest import instance, spec_data, write_spec

@@ -14,14 +14,13 @@ import pytest
 
 from provisioner.audit.checks.gpu import parse_gpu
 from provisioner.audit.checks.vllm_service import parse_unit
+from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
 from provisioner.audit.engine import Facts, HostLost, Output, audit_facts, host_commands, parse_outputs, run_case
 from provisioner.audit.instance_files import HTTP_PROBE, HTTPS_PROBE, http_answers
-from provisioner.audit.registry import Audit, Case, Drift, make_check
-from provisioner.audit.discovery import gpu_indexes, vllm_containers, vllm_units
 from provisioner.audit.processes import is_vllm_command
-from provisioner.audit.text import modprobe_dry_run
-from provisioner.audit.text import environment_words, show_blocks, shown_argv, shown_command
-from provisioner.file_formats import sysctl_settings
+from provisioner.audit.registry import Audit, Case, Drift, make_check
+from provisioner.audit.text import environment_words, modprobe_dry_run, show_blocks, shown_argv, shown_command
+from provisioner.base.file_formats import sysctl_settings
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 STANDIN_PACKAGE = Path(__file__).resolve().parents[1] / "doubles" / "vllm_package"
@@ -308,10 +307,10 @@ def test_modprobe_dry_run_with_nothing_printed_is_not_refused():
 import base64  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from provisioner.audit.expectations import spec_targets  # noqa: E402
 from provisioner.audit.checks import gpu_boot_unit, managed_files, vllm_install  # noqa: E402
 from provisioner.audit.engine import parse_facts  # noqa: E402
-from provisioner.paths import EXAMPLES_DIR  # noqa: E402
+from provisioner.audit.expectations import spec_targets  # noqa: E402
+from provisioner.base.paths import EXAMPLES_DIR  # noqa: E402
 from provisioner.spec import load_spec  # noqa: E402
 from tests.unit.audit_rows import run_row  # noqa: E402
 

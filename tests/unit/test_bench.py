@@ -183,7 +183,7 @@ def test_run_sets_measured_apart_join_into_one_comparison(tmp_path):
 
 
 def test_the_bench_runs_here_for_a_loopback_host_and_over_ssh_otherwise():
-    from provisioner.remote import HostShell
+    from provisioner.fleet.remote import HostShell
 
     remote = _spec().hosts[0]
     local = remote.model_copy(update={"address": "127.0.0.1"})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from provisioner.paths import PACKAGE_DIR
+from provisioner.base.paths import PACKAGE_DIR
 
 STARTS = {"run", "Popen", "check_output", "call", "check_call"}
 

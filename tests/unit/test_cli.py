@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.cli.main import app
-from provisioner.paths import EXAMPLES_DIR
 from provisioner.spec_docs import SCHEMA_FILE_NAME, example_with_modeline, schema_text
 from tests.unit.conftest import UUID1, host, instance, spec_data, write_spec
 

@@ -15,13 +15,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from provisioner.ansible_config import ansible_environment, mitogen_strategy_dir
-from provisioner.apply import Controls, phase_tags, site_tags, split_tags
+from provisioner.apply.controls import Controls, phase_tags, site_tags, split_tags
+from provisioner.base.ansible_config import ansible_environment, mitogen_strategy_dir
+from provisioner.base.paths import EXAMPLES_DIR, role_dir
+from provisioner.base.runlog import RunLog, runs_dir
 from provisioner.cli.main import app
-from provisioner.inventory import write_inventory
-from provisioner.paths import EXAMPLES_DIR, role_dir
-from provisioner.runlog import RunLog, runs_dir
-from provisioner.selection import select_hosts
+from provisioner.fleet.inventory import write_inventory
+from provisioner.fleet.selection import select_hosts
 from provisioner.spec import load_spec
 from tests.unit.conftest import UUID1, host, instance, problems_of, spec_data, write_spec
 
@@ -171,7 +171,7 @@ def test_the_old_form_with_the_spec_as_first_argument_says_to_use_spec(tmp_path,
 def test_no_traceback_reaches_the_user_from_a_broken_installation_or_a_bug(tmp_path):
     """The `provision` script (provisioner.cli.main:run): a missing part of the installation is one line,
     exit 1; an unexpected error is named as a bug, exit 70, its traceback only with PROVISION_DEBUG=1."""
-    code = ("import sys, provisioner.paths as paths, provisioner.cli.main as main, provisioner.plan as p; "
+    code = ("import sys, provisioner.base.paths as paths, provisioner.cli.main as main, provisioner.plan as p; "
             "paths.ROLES_DIR = paths.ROLES_DIR.parent / 'gone'; "
             "p.build_plan = (lambda *a, **k: 1 / 0) if sys.argv[1] == 'bug' else p.build_plan; "
             "sys.argv = ['provision', 'plan', '--spec', sys.argv[2]]; main.run()")
@@ -399,6 +399,6 @@ def test_run_logs_go_under_xdg_state_home(tmp_path):
 
 
 def test_the_fix_for_an_unknown_key_is_the_new_trust_form():
-    from provisioner.hostkeys import trust_command
+    from provisioner.base.hostkeys import trust_command
 
     assert trust_command("my specs/a.yml", "gpu1") == "provision trust gpu1 --spec 'my specs/a.yml'"

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from provisioner.audit.report import host_table
 from provisioner.audit.runner import CheckResult, HostReport
+from provisioner.base.paths import PACKAGE_DIR
 from provisioner.cli.console import make_console
 from provisioner.cli.main import app
-from provisioner.paths import PACKAGE_DIR
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 PROVISION = Path(sys.executable).with_name("provision")  # the installed entry point
@@ -126,7 +126,8 @@ def test_every_console_of_the_cli_is_made_by_the_console_module():
 
 
 def test_an_interrupted_apply_says_where_it_stopped_and_names_each_hosts_changes_up_to_a_bound():
-    from provisioner.apply import ApplyResult, HostProgress
+    from provisioner.apply.events import HostProgress
+    from provisioner.apply.playbook import ApplyResult
     from provisioner.cli.apply_view import SHOWN_CHANGES, how_far, how_it_stopped
 
     many = HostProgress(done=40, changed=[f"role : task {index}" for index in range(SHOWN_CHANGES + 3)], last="role : x")

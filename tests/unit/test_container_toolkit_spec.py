@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from provisioner.audit.expectations import spec_targets
-from provisioner.inventory import build_inventory
-from provisioner.paths import role_dir
+from provisioner.base.paths import role_dir
+from provisioner.fleet.inventory import build_inventory
 from provisioner.spec import validate_spec
 from tests.unit.conftest import UUID0, host, instance, problems_of, spec_data
 

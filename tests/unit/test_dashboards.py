@@ -1,4 +1,4 @@
-"""The Grafana dashboards (provisioner/dashboards.py): their structure, every PromQL expression parsed by the real
+"""The Grafana dashboards (provisioner/fleet/dashboards.py): their structure, every PromQL expression parsed by the real
 promtool (as a recording rule), and every metric name one that the pinned vLLM really exports (the H200
 recording), that the GPU timer writes (its script run against the TEST DOUBLE nvidia-smi) or that docs/monitoring.md
 lists from node_exporter. (The lab runs every expression against a real Prometheus: tests/integration/test_monitoring.py.)"""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.dashboards import dashboard_files, dashboards, expressions, with_variables
+from provisioner.fleet.dashboards import dashboard_files, dashboards, expressions, with_variables
 from tests.unit.test_monitoring import promtool
 from tests.unit.test_standin_metrics import RECORDED, families
 

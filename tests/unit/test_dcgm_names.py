@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from provisioner import monitoring
-from provisioner.dashboards import dashboards
+from provisioner.fleet import monitoring
+from provisioner.fleet.dashboards import dashboards
 from provisioner.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ import yaml
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
+from provisioner.base.paths import SPEC_EXAMPLE
 from provisioner.cli.main import app
-from provisioner.paths import SPEC_EXAMPLE
 from provisioner.spec import Spec, SpecError, load_spec, validate_spec
 from provisioner.spec_docs import MODELINE_PREFIX, SCHEMA_FILE_NAME, generated_docs, spec_schema
 

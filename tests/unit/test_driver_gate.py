@@ -13,17 +13,20 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from provisioner.apply import apply_spec
+from provisioner.apply.hosts import apply_spec
 from provisioner.audit.checks import nvidia_driver
 from provisioner.audit.checks.gpu import parse_gpu
-from provisioner.audit.expectations import spec_targets
 from provisioner.audit.engine import Output, host_commands
+from provisioner.audit.expectations import spec_targets
 from provisioner.audit.registry import Audit, Case, Drift, NotApplicable
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.cli.main import app
+from provisioner.fleet.inventory import host_vars
+from provisioner.fleet.remote import RemoteError
 from provisioner.gpu.facts import read_facts, smi_facts
 from provisioner.gpu.smi import parse_cuda_version, query_arguments
-from provisioner.paths import EXAMPLES_DIR
-from provisioner.preflight import (
+from provisioner.spec import SpecError, load_spec, validate_spec
+from provisioner.validation.preflight import (
     READ_DRIVER,
     GateProblem,
     KnownDriver,
@@ -31,9 +34,6 @@ from provisioner.preflight import (
     driver_check,
     parse_driver_reading,
 )
-from provisioner.remote import RemoteError
-from provisioner.inventory import host_vars
-from provisioner.spec import SpecError, load_spec, validate_spec
 from provisioner.vllm import builds, cuda_drivers, make_catalog
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data, write_spec
 
@@ -187,7 +187,7 @@ def test_apply_refuses_a_declared_driver_before_any_host_is_touched(tmp_path):
 def test_apply_refuses_a_driver_too_old_before_it_loads_ansible(tmp_path, monkeypatch):
     """Loading Ansible's configuration makes ~/.ansible/tmp: a refused spec must write nothing (issue 34)."""
     loaded = []
-    monkeypatch.setattr("provisioner.apply.ansible_environment", lambda *args: loaded.append(args))
+    monkeypatch.setattr("provisioner.apply.hosts.ansible_environment", lambda *args: loaded.append(args))
     spec = write_spec(tmp_path / "spec.yml", spec_data(hosts=[host(driver={"source": "distribution", "branch": "535"})],
                                                        instances=[fitting()]))
     assert invoke("apply", "--spec", spec).exit_code == 1
@@ -205,7 +205,7 @@ def test_apply_names_memory_and_driver_problems_together(tmp_path):
 
 def trust_every_key(monkeypatch):
     """No host can exist here: the host-key check passes every host, so apply goes on to read the driver."""
-    monkeypatch.setattr("provisioner.apply.check_hosts",
+    monkeypatch.setattr("provisioner.apply.hosts.check_hosts",
                         lambda endpoints: {endpoint.host: SimpleNamespace(refused=False) for endpoint in endpoints})
 
 

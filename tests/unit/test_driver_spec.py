@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from provisioner.fleet.inventory import build_inventory
 from provisioner.gpu.architectures import needs_open_modules, older_than_turing
-from provisioner.inventory import build_inventory
 from provisioner.spec import validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, problems_of, spec_data
 

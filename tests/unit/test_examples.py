@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.inventory import build_inventory, render_file
-from provisioner.paths import CONTENT_ROOT, EXAMPLES_DIR
+from provisioner.base.paths import CONTENT_ROOT, EXAMPLES_DIR
+from provisioner.fleet.inventory import build_inventory, render_file
 from provisioner.spec import load_spec
 
 EXAMPLE_SPECS = sorted(EXAMPLES_DIR.glob("*.yml"))

@@ -1,4 +1,4 @@
-"""The one gate (provisioner/gate.py): every command that reads a spec refuses what `plan` refuses (an invalid
+"""The one gate (provisioner/validation/gate.py): every command that reads a spec refuses what `plan` refuses (an invalid
 spec, an instance that would not fit its GPU, a driver too old) before it writes a file or touches a host, with
 the same exit code with and without --json, control characters shown escaped, and no traceback."""
 

@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 
 from provisioner.cli.plan_view import plan_json, show_host_plan
-from provisioner.inventory import build_inventory
+from provisioner.fleet.inventory import build_inventory
 from provisioner.plan import build_plan
 from provisioner.spec import validate_spec
 from tests.unit.conftest import UUID1, host, instance, problems_of
@@ -286,8 +286,8 @@ def test_a_host_without_gateways_plans_no_gateway_file(tmp_path):
 
 
 def test_the_planned_haproxy_cfg_is_what_ansible_renders(tmp_path):
-    from provisioner.paths import ROLES_DIR
-    from provisioner.roles import host_variables
+    from provisioner.base.paths import ROLES_DIR
+    from provisioner.validation.roles import host_variables
     from tests.unit.test_plan_matches_ansible import ansible_render
 
     (tmp_path / "edge.pem").write_text("-----BEGIN CERTIFICATE-----\n")

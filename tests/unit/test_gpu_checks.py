@@ -6,10 +6,10 @@ import dataclasses
 import json
 from pathlib import Path
 
+from provisioner.base.paths import EXAMPLES_DIR
+from provisioner.fleet.inventory import host_vars
 from provisioner.gpu.checks import Check, gpu_checks
 from provisioner.gpu.facts import GpuFacts, read_facts
-from provisioner.inventory import host_vars
-from provisioner.paths import EXAMPLES_DIR
 from provisioner.spec import load_spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"

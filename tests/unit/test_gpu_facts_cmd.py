@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from provisioner.base.paths import CONTENT_ROOT
 from provisioner.cli import facts_cmd
 from provisioner.cli.main import app
 from provisioner.gpu import facts as gpu_facts
 from provisioner.gpu.facts import read_facts
 from provisioner.gpu.smi import SmiError
-from provisioner.paths import CONTENT_ROOT
 
 H200X2 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200x2" / "nvml.json"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.paths import COLLECTION, collections_dir
 from tests.doubles import nvidia_smi_standin as standin
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "rtx4090x2"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.base.module_utils import gpu_facts
 from provisioner.gpu.facts import facts_from_data, read_facts
 from provisioner.gpu.nvml import LiveNvml, NvmlCallError, NvmlUnavailable, ReplayNvml, read_nvml_facts
-from provisioner.module_utils import gpu_facts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from provisioner.inventory import host_vars
-from provisioner.paths import COLLECTION, EXAMPLES_DIR, PLAYBOOKS_DIR, ROLES_DIR
+from provisioner.base.paths import COLLECTION, EXAMPLES_DIR, PLAYBOOKS_DIR, ROLES_DIR
+from provisioner.fleet.inventory import host_vars
 from provisioner.spec import load_spec
 
 ROLE = ROLES_DIR / "nvidia_gpu"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.base.module_utils import gpu_settings as settings
 from provisioner.gpu.nvml import ReplayNvml, read_nvml_facts
-from provisioner.module_utils import gpu_settings as settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 U0, U1 = "GPU-0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f", "GPU-f4e3d2c1-b0a9-4f8e-9d7c-6b5a4f3e2d1c"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.gpu.facts import read_facts
 from provisioner.gpu.topology import tensor_parallel_p2p_warnings
-from provisioner.paths import EXAMPLES_DIR
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.module_utils import haproxy_runtime
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.module_utils import haproxy_runtime
+from provisioner.base.paths import COLLECTION, collections_dir
 from tests.doubles.haproxy_gateway import HAPROXY, Gateway
 from tests.unit.adhoc import run_module
 

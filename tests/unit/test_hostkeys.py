@@ -1,4 +1,4 @@
-"""provisioner/hostkeys.py with keys made here by ssh-keygen (the scan itself: tests/integration/test_host_keys.py)."""
+"""provisioner/base/hostkeys.py with keys made here by ssh-keygen (the scan itself: tests/integration/test_host_keys.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.hostkeys import (
+from provisioner.base.hostkeys import (
     BY_AUTHORITY,
     CHANGED,
     TRUSTED,

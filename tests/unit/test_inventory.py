@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.inventory import build_inventory, control_path, write_inventory
-from provisioner.paths import EXAMPLES_DIR
+from provisioner.base.paths import EXAMPLES_DIR
+from provisioner.fleet.inventory import build_inventory, control_path, write_inventory
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data, write_spec
 

@@ -1,25 +1,24 @@
 """The package's import map points down: each module imports only from its own layer or the layers below.
 
-Top to bottom: the CLI; the tuner (over the bench); the commands' library (apply, audit, bench, the schema docs); the plan; the roles
-read as data, the memory plan, the preflight on it and the gate every command passes; the inventory, host selection and the remote layer (SSH);
-the spec; the vLLM and GPU libraries (below the spec: they know nothing of it); the pieces everything uses.
+Top to bottom: the CLI; the tuner (over the bench); the commands' library (apply, audit, bench, the schema docs); the plan;
+`validation`: the roles read as data, the memory plan, the preflight on it and the gate every command passes; `fleet`: the
+inventory, host selection, the remote layer (SSH) and the monitoring configuration; the spec; the vLLM and GPU libraries (below
+the spec: they know nothing of it); `base`: the pieces everything uses. A package is a layer (or part of one): no module sits
+at the top of provisioner/ but the plan and the schema docs, each a layer's only module.
 """
 
 from __future__ import annotations
 
 import ast
 
-from provisioner.paths import PACKAGE_DIR
+from provisioner.base.paths import PACKAGE_DIR
 
 LAYERS = [  # bottom first: a module's layer is the first entry that names it or a package above it
-    ["provisioner.addresses", "provisioner.paths", "provisioner.secrets", "provisioner.files", "provisioner.module_utils",
-     "provisioner.file_formats", "provisioner.hostkeys", "provisioner.unreachable", "provisioner.runlog",
-     "provisioner.spec_lock", "provisioner.signals", "provisioner.ansible_config", "provisioner.ansible_plugins",
-     "provisioner.rollout", "provisioner.vault"],
+    ["provisioner.base", "provisioner.ansible_plugins"],
     ["provisioner.vllm", "provisioner.gpu"],
     ["provisioner.spec"],
-    ["provisioner.selection", "provisioner.inventory", "provisioner.monitoring", "provisioner.dashboards", "provisioner.remote"],
-    ["provisioner.roles", "provisioner.memory_plan", "provisioner.preflight", "provisioner.gate"],
+    ["provisioner.fleet"],
+    ["provisioner.validation"],
     ["provisioner.plan"],
     ["provisioner.apply", "provisioner.audit", "provisioner.bench", "provisioner.spec_docs"],
     ["provisioner.tune"],
@@ -71,3 +70,9 @@ def test_no_import_runs_back_up():
     ]
     assert upward == []
 
+
+
+def test_the_top_of_the_package_holds_packages_by_layer():
+    """Modules live in their layer's package; only a layer of one module keeps it at the top."""
+    flat = sorted(path.stem for path in PACKAGE_DIR.glob("*.py") if path.stem != "__init__")
+    assert flat == ["plan", "spec_docs"], f"put {flat} in the package of their layer (LAYERS above)"

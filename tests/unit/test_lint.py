@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.paths import COLLECTION, collections_dir
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner import monitoring
-from provisioner.dashboards import dashboard_files
-from provisioner.inventory import build_inventory
+from provisioner.fleet import monitoring
+from provisioner.fleet.dashboards import dashboard_files
+from provisioner.fleet.inventory import build_inventory
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec, validate_spec
 from tests.unit.conftest import host, instance, problems_of, spec_data
@@ -187,7 +187,7 @@ def test_the_audit_compares_every_file_the_monitoring_roles_write():
     """`file PATH` rows for the files `provision plan` shows (and the GPU timer's script), with the roles' owners
     and modes: drift in any of them is a failed row with its first differing line."""
     from provisioner.audit.expectations import spec_targets
-    from provisioner.paths import role_dir
+    from provisioner.base.paths import role_dir
 
     spec = load_spec(SPEC)
     plans = {plan.host: plan for plan in build_plan(spec)}

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from provisioner.inventory import build_inventory, host_units
+from provisioner.base.rollout import Rollout
+from provisioner.fleet.inventory import build_inventory, host_units
 from provisioner.plan import build_plan
-from provisioner.rollout import Rollout
 from provisioner.spec import validate_spec
 from tests.unit.conftest import host, instance, problems_of, spec_data
 

@@ -15,8 +15,8 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from provisioner.module_utils import load_module_utils
-from provisioner.paths import COLLECTION, PLAYBOOKS_DIR, ROLES_DIR, collections_dir
+from provisioner.base.module_utils import load_module_utils
+from provisioner.base.paths import COLLECTION, PLAYBOOKS_DIR, ROLES_DIR, collections_dir
 
 state = load_module_utils("nvidia_driver_state")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from provisioner.paths import EXAMPLES_DIR
-from provisioner.file_formats import env_file_environment, unit_environment, unit_settings
+from provisioner.base.file_formats import env_file_environment, unit_environment, unit_settings
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.plan import HostPlan, build_plan
-from provisioner.roles import render_role_file, role_defaults
 from provisioner.spec import load_spec, validate_spec
+from provisioner.validation.roles import render_role_file, role_defaults
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 
 

@@ -9,8 +9,8 @@ import yaml
 
 from provisioner.audit.expectations import container_expectations, host_expectations
 from provisioner.plan import build_plan
-from provisioner.roles import host_variables
 from provisioner.spec import validate_spec
+from provisioner.validation.roles import host_variables
 from tests.unit.conftest import UUID0, UUID1, host, instance, spec_data
 
 DIGEST = "sha256:" + "0f" * 32

@@ -22,10 +22,10 @@ from ansible.template import Templar, trust_as_template
 from ansible.utils.collection_loader import AnsibleCollectionConfig
 
 from provisioner.audit.expectations import env_file_sha256
-from provisioner.paths import EXAMPLES_DIR, ROLES_DIR, collections_dir
+from provisioner.base.paths import EXAMPLES_DIR, ROLES_DIR, collections_dir
 from provisioner.plan import build_plan
-from provisioner.roles import UNIT_TEMPLATES, host_variables
 from provisioner.spec import load_spec, validate_spec
+from provisioner.validation.roles import UNIT_TEMPLATES, host_variables
 from tests.injection_values import QUOTED
 from tests.unit.conftest import instance, spec_data
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.roles import render_string, role_tasks, role_vars
+from provisioner.validation.roles import render_string, role_tasks, role_vars
 
 
 def evaluate(template: str, values: dict):

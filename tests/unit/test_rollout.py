@@ -9,10 +9,11 @@ import json
 import pytest
 import yaml
 
-from provisioner.apply import ApplyResult, HostStats, TaskResult
+from provisioner.apply.events import HostStats, TaskResult
+from provisioner.apply.playbook import ApplyResult
+from provisioner.base.paths import PLAYBOOKS_DIR
+from provisioner.base.rollout import HOSTS_PLAY, HostTurn, Rollout, Timeline
 from provisioner.cli.apply_view import rollout_rows
-from provisioner.paths import PLAYBOOKS_DIR
-from provisioner.rollout import HOSTS_PLAY, HostTurn, Rollout, Timeline
 from tests.unit.test_cli_controls import invoke, two_hosts
 
 

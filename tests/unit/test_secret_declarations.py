@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from provisioner.base.secrets import REDACTED, redact, redact_argv
 from provisioner.cli.main import app
-from provisioner.inventory import build_inventory, write_inventory
+from provisioner.fleet.inventory import build_inventory, write_inventory
 from provisioner.plan import build_plan
-from provisioner.secrets import REDACTED, redact, redact_argv
 from provisioner.spec import validate_spec
 from tests.unit.conftest import instance, problems_of, spec_data, write_spec
 

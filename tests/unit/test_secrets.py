@@ -1,4 +1,4 @@
-"""provisioner/secrets.py: every form a secret takes in a command line, an environment or a file is redacted;
+"""provisioner/base/secrets.py: every form a secret takes in a command line, an environment or a file is redacted;
 what is no secret stays as it was."""
 
 from __future__ import annotations
@@ -10,8 +10,16 @@ import pytest
 
 from provisioner.audit.report import host_table, write_json, write_junit
 from provisioner.audit.runner import CheckResult, HostReport
+from provisioner.base.secrets import (
+    REDACTED,
+    is_secret_name,
+    redact,
+    redact_argv,
+    redact_data,
+    redact_environment,
+    shown_command,
+)
 from provisioner.bench.results import Run, RunSet
-from provisioner.secrets import REDACTED, is_secret_name, redact, redact_argv, redact_data, redact_environment, shown_command
 
 R = REDACTED
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from provisioner.cli.audit_cmd import targets_of_spec
 from provisioner.cli.main import app
-from provisioner.inventory import build_inventory
+from provisioner.fleet.inventory import build_inventory
 from provisioner.spec import validate_spec
 from provisioner.spec_docs import spec_schema
 from tests.unit.conftest import UUID0, UUID1, host, instance, problems_of, spec_data, write_spec

@@ -16,12 +16,19 @@ import yaml
 from typer.testing import CliRunner
 
 from provisioner.cli.main import app
+from provisioner.fleet.inventory import write_inventory
 from provisioner.gpu.cards import power_range
-from provisioner.inventory import write_inventory
 from provisioner.spec import Spec, SpecError, load_spec, parse_yaml, validate_spec
 from provisioner.vllm import make_catalog
-from provisioner.vllm.flags import (CATALOGS_DIR, NO_VALUE, VALUE_READERS, item_problem, load_catalog, read_value,
-                                    supported_versions)
+from provisioner.vllm.flags import (
+    CATALOGS_DIR,
+    NO_VALUE,
+    VALUE_READERS,
+    item_problem,
+    load_catalog,
+    read_value,
+    supported_versions,
+)
 from provisioner.vllm.flags import length as flags_length
 from tests.unit.conftest import UUID0, UUID1, host, instance, problems_of, spec_data, write_spec
 

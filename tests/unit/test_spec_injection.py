@@ -20,10 +20,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from provisioner.base.file_formats import systemd_words
+from provisioner.base.paths import ROLES_DIR, collections_dir
 from provisioner.cli.main import app
-from provisioner.inventory import host_vars
-from provisioner.paths import ROLES_DIR, collections_dir
-from provisioner.file_formats import systemd_words
+from provisioner.fleet.inventory import host_vars
 from provisioner.plan import build_plan
 from provisioner.spec import SpecError, validate_spec
 from tests.injection_values import CONTROL, LINE_BREAKING, NASTY, QUOTED, REFUSED

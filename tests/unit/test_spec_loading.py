@@ -6,9 +6,8 @@ import shutil
 
 import pytest
 
-from provisioner.paths import EXAMPLES_DIR, SPEC_EXAMPLE
-from provisioner.spec import SpecError, load_spec
-from provisioner.spec import loading
+from provisioner.base.paths import EXAMPLES_DIR, SPEC_EXAMPLE
+from provisioner.spec import SpecError, load_spec, loading
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 

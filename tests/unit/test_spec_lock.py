@@ -1,4 +1,4 @@
-"""provisioner/spec_lock.py: one real apply of a spec at a time on a controller; check-mode runs share it."""
+"""provisioner/base/spec_lock.py: one real apply of a spec at a time on a controller; check-mode runs share it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from provisioner.spec_lock import SpecBusy, lock_path, spec_lock
+from provisioner.base.spec_lock import SpecBusy, lock_path, spec_lock
 
 
 def hold(spec_path, check, ready, seconds):

@@ -11,7 +11,7 @@ import ansible
 import ansible_mitogen.module_finder as module_finder
 import ansible_mitogen.strategy
 
-from provisioner.ansible_config import STRATEGY, mitogen_strategy_dir
+from provisioner.base.ansible_config import STRATEGY, mitogen_strategy_dir
 
 ANSIBLE_DIR = Path(ansible.__file__).resolve().parent
 # modules a no-change apply runs, which share module_utils/basic.py and its imports

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.module_utils import sysctl_files
+from provisioner.base.module_utils import sysctl_files
+
 OURS = "/etc/sysctl.d/60-vllm-provision.conf"
 
 

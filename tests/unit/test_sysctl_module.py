@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.paths import COLLECTION, collections_dir
 
 OURS = "/etc/sysctl.d/60-vllm-provision.conf"
 OVERRIDE = "/etc/sysctl.d/99-zz-override.conf"

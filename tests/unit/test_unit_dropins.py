@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from provisioner.audit.checks import vllm_service as checks
-from provisioner.audit.expectations import spec_targets
 from provisioner.audit.checks.vllm_service import dropin_files, parse_unit
 from provisioner.audit.engine import Output
+from provisioner.audit.expectations import spec_targets
 from provisioner.audit.registry import Case
-from provisioner.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
-from provisioner.paths import COLLECTION, EXAMPLES_DIR, collections_dir
+from provisioner.base.module_utils import (
+    systemd_dropins as dropins,  # the role's module judges drop-ins with the same code
+)
+from provisioner.base.paths import COLLECTION, EXAMPLES_DIR, collections_dir
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec
 from tests.unit.audit_rows import run_row

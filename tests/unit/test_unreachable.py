@@ -1,11 +1,11 @@
-"""provisioner/unreachable.py: a failed or lost connection said in network terms, from what ssh, Ansible's
+"""provisioner/base/unreachable.py: a failed or lost connection said in network terms, from what ssh, Ansible's
 ssh plugin and Mitogen really printed on lab hosts (tests/integration/test_faults.py makes each happen)."""
 
 from __future__ import annotations
 
 import pytest
 
-from provisioner.unreachable import LOST_AFTER_S, cause_of, explain, liveness_options
+from provisioner.base.unreachable import LOST_AFTER_S, cause_of, explain, liveness_options
 
 # (what was printed, the cause we name, ssh's own line we keep) — recorded on lab hosts (10.88.3.0/24)
 RECORDED = [

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner import monitoring
-from provisioner.module_utils import value_rules
-from provisioner.paths import ROLES_DIR, collections_dir
-from provisioner.secrets import read_api_key
+from provisioner.base.module_utils import value_rules
+from provisioner.base.paths import ROLES_DIR, collections_dir
+from provisioner.base.secrets import read_api_key
+from provisioner.fleet import monitoring
 from provisioner.spec import SpecError, validate_spec
 from provisioner.tune.slo import SloError, parse_slo
 from provisioner.vllm.flags import load_catalog, read_value, supported_versions, value_problem
@@ -164,7 +164,7 @@ def _ipv6_gateway_spec(tmp_path):
 
 def test_the_gateway_writes_every_host_port_through_the_rule_as_ansible_renders_it(tmp_path):
     from provisioner.plan import build_plan
-    from provisioner.roles import host_variables
+    from provisioner.validation.roles import host_variables
     from tests.unit.test_plan_matches_ansible import ansible_render
 
     spec = _ipv6_gateway_spec(tmp_path)

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from provisioner.base.secrets import REDACTED, redact
 from provisioner.cli.main import app
-from provisioner.inventory import build_inventory
+from provisioner.fleet.inventory import build_inventory
 from provisioner.plan import build_plan
-from provisioner.secrets import REDACTED, redact
 from provisioner.spec import load_spec, validate_spec
 from provisioner.spec.errors import SpecError
 from provisioner.spec.loading import parse_yaml

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.roles import UNIT_TEMPLATE, render_role_file, render_string, role_defaults, role_tasks, role_vars
+from provisioner.validation.roles import (
+    UNIT_TEMPLATE,
+    render_role_file,
+    render_string,
+    role_defaults,
+    role_tasks,
+    role_vars,
+)
 
 READ_TASK = "Read which venvs the units ran and the vLLM in this version's venv"
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from provisioner.base.paths import EXAMPLES_DIR
 from provisioner.cli.main import app
-from provisioner.paths import EXAMPLES_DIR
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec, validate_spec
-from provisioner.vllm.memory import InstanceDemand, cuda_total_bytes, load_model_shape, plan_gpu
+from provisioner.validation.memory_plan import GPU_MEMORY_MIB
 from provisioner.vllm.flags import length
-from provisioner.memory_plan import GPU_MEMORY_MIB
+from provisioner.vllm.memory import InstanceDemand, cuda_total_bytes, load_model_shape, plan_gpu
 from tests.unit.conftest import host, instance, spec_data, write_spec
 
 H200_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "h200-runs"
@@ -67,7 +67,7 @@ def test_memory_mib_in_the_spec_wins_and_stays_out_of_the_roles_variables():
     spec = validate_spec(spec_data(hosts=[host(gpus=card)], instances=[instance("chat", 8000, share=0.5)]))
     (plan,) = build_plan(spec)
     assert plan.memory[0].plan.total_bytes == cuda_total_bytes(46068 * 2**20)
-    from provisioner.inventory import host_vars
+    from provisioner.fleet.inventory import host_vars
     assert "memory_mib" not in host_vars(spec.hosts[0], spec.instances)["nvidia_gpu_devices"][0]
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from provisioner.inventory import build_inventory
+from provisioner.fleet.inventory import build_inventory
 from provisioner.spec import validate_spec
 from provisioner.vllm import flags
 from provisioner.vllm.profiles import planner_profiles, profile_env, profile_options
@@ -17,8 +17,9 @@ def test_profile_flags_are_accepted_by_each_supported_vllm(version, profile):
 
 
 def test_the_spec_offers_exactly_the_profiles_of_the_file():
-    from provisioner.spec import Instance
     import typing
+
+    from provisioner.spec import Instance
 
     offered = set(typing.get_args(typing.get_args(Instance.model_fields["profile"].annotation)[0]))
     assert offered == set(planner_profiles())

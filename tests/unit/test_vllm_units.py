@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.audit.text import show_blocks, shown_argv
-from provisioner.paths import COLLECTION, collections_dir
+from provisioner.base.paths import COLLECTION, collections_dir
 
 SHOWN = Path(__file__).resolve().parents[1] / "fixtures" / "systemd" / "show"
 HEADER = "# Managed by vllm-provision (role vllm_service); local changes are overwritten.\n"
@@ -194,7 +194,7 @@ def report(rollback: dict, not_ready: list[str]) -> str:
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
-    from provisioner.roles import role_tasks
+    from provisioner.validation.roles import role_tasks
 
     (task,) = [task for task in role_tasks("vllm_service") if task.get("name") == "Fail on a rollback"]
     values = {"vllm_service_rollback": rollback, "_vllm_service_not_ready": not_ready}

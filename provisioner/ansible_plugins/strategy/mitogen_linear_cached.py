@@ -6,7 +6,7 @@ and every module_utils file it imports, to read their imports; files that many m
 (module_utils/basic.py and its own imports) are compiled again for each module. On a no-change apply
 of one host that was about 1.7 s of the controller's CPU (benchmarks/structure_costs.py). The same
 source compiles to the same code object, so the builtin `compile` that module gets is memoised.
-`provision apply` runs this strategy where the user names none (provisioner/ansible_config.py).
+`provision apply` runs this strategy where the user names none (provisioner/base/ansible_config.py).
 """
 
 from __future__ import annotations

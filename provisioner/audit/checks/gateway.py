@@ -9,8 +9,7 @@ import shlex
 
 from provisioner.audit.engine import json_answer, shown_properties
 from provisioner.audit.registry import UNSET, each
-from provisioner.paths import module_utils_file
-
+from provisioner.base.paths import module_utils_file
 
 # HAProxy's routes and the drains vllm-provision recorded, read on the gateway host by the modules' own code
 HAPROXY_READER = module_utils_file("haproxy_runtime")
@@ -70,7 +69,7 @@ replicas = each(lambda expected: (expected.get("gateway") or {}).get("servers") 
 def gateway_view(state: dict, record: dict | None) -> str:
     """What HAProxy does with a replica, in a few words: `ready, UP`; `drain (by vllm-provision: rollout: gpu1
     changes), UP`; `maint (not by vllm-provision), MAINT`; `ready, DOWN (L4CON: Connection refused)`."""
-    from provisioner.module_utils import haproxy_runtime
+    from provisioner.base.module_utils import haproxy_runtime
 
     admin = state["admin"]
     if admin != "ready":

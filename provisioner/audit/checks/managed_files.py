@@ -22,9 +22,9 @@ from typing import Any
 from provisioner.audit.engine import Output
 from provisioner.audit.instance_files import first_difference
 from provisioner.audit.registry import ABSENT, each
-from provisioner.file_formats import systemd_words
-from provisioner.module_utils import gpu_settings
-from provisioner.roles import render_role_file
+from provisioner.base.file_formats import systemd_words
+from provisioner.base.module_utils import gpu_settings
+from provisioner.validation.roles import render_role_file
 
 
 def commands(expected):

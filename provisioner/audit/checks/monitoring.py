@@ -3,15 +3,14 @@ the timer runs, and Prometheus on the monitoring host scrapes every target of th
 
 Spec mode, where the spec has `monitoring:`. The host is asked from itself (monitoring_probe.py, run on the
 host: node_exporter's /metrics, Prometheus's /api/v1/targets); the targets expected are those
-provisioner/monitoring.py writes into the scrape configuration.
+provisioner/fleet/monitoring.py writes into the scrape configuration.
 """
 
 import shlex
 
 from provisioner.audit.engine import json_answer
-from provisioner.audit.instance_files import PROBES, PROBE_TIMEOUT_S
+from provisioner.audit.instance_files import PROBE_TIMEOUT_S, PROBES
 from provisioner.audit.registry import each
-
 
 MONITORING_PROBE = PROBES / "monitoring_probe.py"  # node_exporter's and Prometheus's answers
 

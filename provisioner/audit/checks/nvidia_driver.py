@@ -11,9 +11,8 @@ release installed in the branch and held, its module built for every kernel with
 import shlex
 
 from provisioner.audit.registry import each
+from provisioner.base.module_utils import driver_state
 from provisioner.gpu import checks as gpu
-from provisioner.module_utils import driver_state
-
 
 # role nvidia_driver's: the release, the packages dpkg knows (the module's own format), the driver module's
 # version for each kernel DKMS builds for (those with headers: /lib/modules/K/build), the loaded module's

@@ -1,6 +1,6 @@
 """No secret in a file others can read: the files the roles manage and every drop-in of the vLLM units.
 
-Spec and profile modes. A file holds a secret when provisioner/secrets.py's rules find one in it (`VLLM_API_KEY=…`,
+Spec and profile modes. A file holds a secret when provisioner/base/secrets.py's rules find one in it (`VLLM_API_KEY=…`,
 `--api-key …`, `*_TOKEN=…`, `*_PASS=…`, a URL's password…; not in an executable, whose code the rules do not
 read) or when it holds a value the spec declares secret (its API keys, its env secrets: looked for by their
 sha256, the checks are never handed them). The instances' env
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from provisioner.audit.registry import check
-from provisioner.secrets import holds_secret
+from provisioner.base.secrets import holds_secret
 
 CHECK = "secrets readable by others"
 EXPECTED = "none (a file that holds a secret is for its owner alone: 0600)"

@@ -9,9 +9,8 @@ import shlex
 
 from provisioner.audit.engine import Output, json_answer
 from provisioner.audit.registry import ABSENT, each
-from provisioner.module_utils import sysctl_files
-from provisioner.paths import module_utils_file
-
+from provisioner.base.module_utils import sysctl_files
+from provisioner.base.paths import module_utils_file
 
 # the sysctl.d files as JSON, read on the host by the same code the role's module runs (read_tree)
 SYSCTL_READER = module_utils_file("sysctl_files")

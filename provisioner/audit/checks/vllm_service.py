@@ -30,11 +30,12 @@ from provisioner.audit.instance_files import (
 )
 from provisioner.audit.registry import REPORTED, UNSET, each, matches, shown
 from provisioner.audit.text import environment_words, shown_argv
-from provisioner.module_utils import systemd_dropins as dropins  # the role's module judges drop-ins with the same code
-from provisioner.paths import role_dir
-from provisioner.secrets import REDACTED, is_secret_name, shown_command
+from provisioner.base.module_utils import (
+    systemd_dropins as dropins,  # the role's module judges drop-ins with the same code
+)
+from provisioner.base.paths import role_dir
+from provisioner.base.secrets import REDACTED, is_secret_name, shown_command
 from provisioner.vllm.serve_args import bracketed
-
 
 READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' own readiness probe
 UNIT_STATE = ("LoadState", "LoadError", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",

@@ -18,10 +18,10 @@ from typing import Any
 import jinja2
 import yaml
 
-from provisioner.inventory import gateway_vars, host_vars
-from provisioner.monitoring import exporter_vars, prometheus_vars
-from provisioner.module_utils import value_rules
-from provisioner.paths import COLLECTION, role_dir
+from provisioner.base.module_utils import value_rules
+from provisioner.base.paths import COLLECTION, role_dir
+from provisioner.fleet.inventory import gateway_vars, host_vars
+from provisioner.fleet.monitoring import exporter_vars, prometheus_vars
 from provisioner.spec import Host, Instance, Spec
 
 ROLES = ("sysctl", "nouveau", "nvidia_driver", "shm", "nvidia_gpu", "vllm_install", "container_engine", "vllm_service",

@@ -1,5 +1,5 @@
 """Reaching a spec host: its SSH connection and the ssh options every command that connects uses
-(host keys checked strictly: provisioner/hostkeys.py), and running commands there — over SSH, or right
+(host keys checked strictly: provisioner/base/hostkeys.py), and running commands there — over SSH, or right
 here when the host is this machine (a loopback address or localhost on SSH's own port 22: `provision` runs
 on the GPU server itself; a loopback address on another port is a forwarded port to another machine).
 
@@ -13,10 +13,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.addresses import is_loopback
-from provisioner.hostkeys import Endpoint, explain_refusal, ssh_options, trust_command
+from provisioner.base.addresses import is_loopback
+from provisioner.base.hostkeys import Endpoint, explain_refusal, ssh_options, trust_command
+from provisioner.base.unreachable import CONNECT_TIMEOUT_S, explain, liveness_options
 from provisioner.spec import Host
-from provisioner.unreachable import CONNECT_TIMEOUT_S, explain, liveness_options
 
 SSH_PORT = 22
 
@@ -56,7 +56,7 @@ def connection_options(connection: Connection) -> list[str]:
     ]
     if connection.key:
         options += [f'IdentityFile "{connection.key}"', "IdentitiesOnly yes"]
-    return options + ssh_options(connection.known_hosts)  # strict: see provisioner/hostkeys.py
+    return options + ssh_options(connection.known_hosts)  # strict: see provisioner/base/hostkeys.py
 
 
 class RemoteError(RuntimeError):

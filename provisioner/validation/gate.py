@@ -1,7 +1,7 @@
 """The one gate every command that reads a spec passes before it writes a file or touches a host (plan,
 inventory, apply, audit spec, monitoring export, tune, bench): the spec found, read and validated
-(provisioner.spec), the HOST and GROUP names chosen (provisioner.selection), then the preflight on the hosts the
-command works on (provisioner.preflight: each GPU's memory, the drivers the spec names). What one command refuses,
+(provisioner.spec), the HOST and GROUP names chosen (provisioner.fleet.selection), then the preflight on the hosts the
+command works on (provisioner.validation.preflight: each GPU's memory, the drivers the spec names). What one command refuses,
 all refuse.
 
 A refusal is a `GateRefused`: every problem with its field, message and fix, as lines or as JSON data (the CLI
@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.preflight import GateProblem, preflight_problems
-from provisioner.secrets import redact
-from provisioner.selection import SelectionError, find_spec, select_hosts
+from provisioner.base.secrets import redact
+from provisioner.fleet.selection import SelectionError, find_spec, select_hosts
 from provisioner.spec import Host, Problem, Spec, SpecError, load_spec
 from provisioner.spec.wording import printable
+from provisioner.validation.preflight import GateProblem, preflight_problems
 
 USAGE, INVALID, REFUSED = "usage", "invalid", "refused"  # what kind of refusal: a GateRefused's `kind`
 FIX_SEPARATOR = " — "

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 COLLECTION = "vllm_provision.gpu_host"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def _content_root() -> Path:

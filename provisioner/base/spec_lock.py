@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from provisioner.runlog import runs_dir
+from provisioner.base.runlog import runs_dir
 
 POLL_S = 0.5
 

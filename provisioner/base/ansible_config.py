@@ -4,7 +4,7 @@ Ansible finds the user's configuration the usual way ($ANSIBLE_CONFIG, ./ansible
 /etc/ansible/ansible.cfg; ANSIBLE_* variables above it). On top of it:
 
 - MUST_WIN: set as environment variables, which beat any ansible.cfg (strict host key checking; the
-  variables our output needs are set in apply.py).
+  variables our output needs are set in provisioner/apply/playbook.py).
 - The collection's event callback (EVENTS_CALLBACK), added to the callbacks the user enables.
 - PREFERRED: our defaults, applied only where the user's configuration (file or ANSIBLE_* variable)
   does not set the setting; which one does is read with Ansible's own ConfigManager.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.hostkeys import ssh_options
+from provisioner.base.hostkeys import ssh_options
 
 MUST_WIN = {
     # both names the ssh plugin reads
@@ -61,7 +61,7 @@ PREFERRED = (
 # Mitogen's strategy (its package is a dependency), from our strategy folder; the user's strategy plugin
 # folders stay on the path after it
 STRATEGY = "mitogen_linear_cached"
-STRATEGY_DIR = Path(__file__).resolve().parent / "ansible_plugins" / "strategy"
+STRATEGY_DIR = Path(__file__).resolve().parents[1] / "ansible_plugins" / "strategy"
 STRATEGY_SETTINGS = ("DEFAULT_STRATEGY", "DEFAULT_STRATEGY_PLUGIN_PATH")
 
 HOST_KEY_OPTIONS = {option.split()[0].lower() for option in ssh_options("x")} | {"knownhostscommand", "hostkeyalias"}

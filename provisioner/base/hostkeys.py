@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 
 SCAN_TIMEOUT_S = 5
 # Threads here (and in the audit, which imports this module: provisioner/audit/runner.py) start ssh, ssh-keyscan

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from provisioner.dashboards import dashboard_files
-from provisioner.files import write_folder
-from provisioner.module_utils import value_rules
+from provisioner.base.files import write_folder
+from provisioner.base.module_utils import value_rules
+from provisioner.fleet.dashboards import dashboard_files
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.gateways import replica_address
 from provisioner.spec.models import Monitoring

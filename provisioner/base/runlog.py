@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from provisioner.secrets import redact
+from provisioner.base.secrets import redact
 
 
 def runs_dir(environ: dict[str, str] | None = None) -> Path:

@@ -4,12 +4,12 @@ ssh, Ansible's ssh plugin and Mitogen each word a failed connection their own wa
 disconnected from the remote environment … please file a bug"; a refused key reads "SSH password was
 requested"). `explain` turns any of them into one sentence a user can act on: no answer for N s,
 connection refused, no route, authentication refused, host key refused, the connection closed.
-(`HostShell.answers` in provisioner/remote.py connects once more after a run that lost a host.)
+(`HostShell.answers` in provisioner/fleet/remote.py connects once more after a run that lost a host.)
 
 How long a host may stay silent is decided here too, for every path: ssh asks every KEEPALIVE_INTERVAL_S
 seconds and gives up after KEEPALIVE_COUNT questions unanswered, so a host that stops answering (link
 down, power cut, a firewall dropping its packets) is lost LOST_AFTER_S seconds later: the audit's and
-remote commands' ssh (provisioner/remote.py), Ansible's ssh plugin (the inventory's
+remote commands' ssh (provisioner/fleet/remote.py), Ansible's ssh plugin (the inventory's
 ansible_ssh_common_args) and Mitogen's (the inventory's mitogen_ssh_keepalive_*: Mitogen writes its own
 keepalive options before any ssh_args, and ssh keeps an option's first value).
 """

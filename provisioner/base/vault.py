@@ -36,7 +36,7 @@ def password_file() -> str | None:
     if named:
         return os.path.expanduser(named)
     try:
-        from provisioner.ansible_config import AnsibleConfigError, read_settings
+        from provisioner.base.ansible_config import AnsibleConfigError, read_settings
 
         value = read_settings({PASSWORD_SETTING})[PASSWORD_SETTING].value
     except (ImportError, AnsibleConfigError):

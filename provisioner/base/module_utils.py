@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from provisioner.paths import module_utils_file
+from provisioner.base.paths import module_utils_file
 
 SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings", "sysctl_files": "sysctl_files",
           "systemd_dropins": "systemd_dropins", "systemd_show": "systemd_show", "driver_state": "nvidia_driver_state",
@@ -20,7 +20,7 @@ SHARED = {"gpu_facts": "nvidia_gpu_facts", "gpu_settings": "nvidia_gpu_settings"
 
 
 def load_module_utils(name: str) -> ModuleType:
-    """plugins/module_utils/<name>.py as the module provisioner.module_utils.<name>."""
+    """plugins/module_utils/<name>.py as the module provisioner.base.module_utils.<name>."""
     qualified = f"{__name__}.{name}"
     if qualified not in sys.modules:
         spec = importlib.util.spec_from_file_location(qualified, module_utils_file(name))
@@ -31,7 +31,7 @@ def load_module_utils(name: str) -> ModuleType:
 
 
 def __getattr__(attribute: str) -> ModuleType:
-    """`from provisioner.module_utils import gpu_facts` loads the file then (PEP 562)."""
+    """`from provisioner.base.module_utils import gpu_facts` loads the file then (PEP 562)."""
     if attribute in SHARED:
         return load_module_utils(SHARED[attribute])
     raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

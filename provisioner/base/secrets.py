@@ -26,12 +26,12 @@ import hashlib
 import os
 import re
 import shlex
-from pathlib import Path
-from functools import lru_cache
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from provisioner.module_utils import value_rules
+from provisioner.base.module_utils import value_rules
 
 REDACTED = "<redacted>"
 # names whose values are secrets: VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, *_TOKEN, *_KEY,
@@ -283,12 +283,12 @@ def _replace_anywhere(text: str, values: Iterable[str]) -> str:
 def read_secret(source: Mapping[str, str], name: str = "NAME") -> str:
     """A declared secret's value as the roles' lookups read it: `{file: PATH}` as Ansible's file lookup
     (`read_api_key`), `{env: NAME}` the controller's environment variable, `{vault: TEXT}` decrypted with
-    ansible-playbook's vault password (provisioner/vault.py; `name` goes into its fix). Raises OSError,
+    ansible-playbook's vault password (provisioner/base/vault.py; `name` goes into its fix). Raises OSError,
     UnicodeDecodeError, KeyError for an unset variable, or vault.VaultProblem."""
     if source.get("file") is not None:
         return read_api_key(source["file"])
     if source.get("vault") is not None:
-        from provisioner.vault import decrypt  # Ansible's vault library, only for a vault-encrypted secret
+        from provisioner.base.vault import decrypt  # Ansible's vault library, only for a vault-encrypted secret
 
         return decrypt(source["vault"], name)
     return os.environ[source["env"]]

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.memory_plan import GpuMemory, host_memory
-from provisioner.remote import HostShell, RemoteError
+from provisioner.fleet.remote import HostShell, RemoteError
 from provisioner.spec import Host, Instance, Spec
 from provisioner.spec.driver import BuildUse, builds_used, unchecked_images
+from provisioner.validation.memory_plan import GpuMemory, host_memory
 from provisioner.vllm.builds import Build, builds_of
 from provisioner.vllm.cuda_drivers import branch_of, is_driver_version
 
