@@ -180,16 +180,26 @@ def run_playbook(
             rc, interrupted_by, lock_run = _run_streaming(
                 command, variables, controls.become_password, events_file, output_file, stop_file,
                 on_event_line=lambda line: handle(json.loads(line)), on_output_line=output, on_notice=on_notice)
-        if not interrupted_by and (rc == ANSIBLE_INTERRUPTED_RC or rc < 0):  # the signal went to it alone
-            interrupted_by = "a signal to ansible-playbook"
+        if not interrupted_by and (rc == ANSIBLE_INTERRUPTED_RC or rc < 0 or died_of_a_signal(output_lines)):
+            interrupted_by = "a signal to ansible-playbook"  # the signal went to it alone
         interrupted = bool(interrupted_by)
-        if interrupted and not stats:  # Ansible stops before it counts: what the events said
+        if not stats and (interrupted or any(host.done for host in progress.values())):
+            # Ansible stopped before it counted (interrupted, or a worker died): what the events said
             stats = {host: stats_from_progress(host, progress[host], problems) for host in progress}
-        output_tail = "" if stats else "\n".join(line for line in output_lines if line.strip())
+        # Ansible's own last lines where nothing else says why the run failed
+        failed_unsaid = rc != 0 and not interrupted and not problems
+        output_tail = "\n".join(line for line in output_lines if line.strip()) if failed_unsaid or not stats else ""
     return ApplyResult(rc=INTERRUPTED_RC if interrupted else rc, stats=stats, problems=problems,
                        output_tail=output_tail, turns=timeline.turns, turns_since=timeline.started_at,
                        interrupted=interrupted, interrupted_by=interrupted_by, stopped_before=stopped_before,
                        progress=progress, lock_run=lock_run)
+
+
+def died_of_a_signal(output_lines: list[str]) -> bool:
+    """ansible-playbook's own signal handler raised KeyboardInterrupt: a SIGINT reached it, which it does not
+    always turn into its exit status 99 (a worker caught mid-lock ends it with 1, "A worker was found in a dead
+    state")."""
+    return any(line.strip().startswith("KeyboardInterrupt") for line in output_lines)
 
 
 def _run_streaming(command: list[str], variables: dict[str, str], password: str | None, events_file: Path,

@@ -142,8 +142,9 @@ def show_summary(out: Output, result: ApplyResult, check: bool, rolled: list[str
         return
     for problem in result.problems:
         out.print(f"[bold red]{problem.host}[/]: {escape(problem.label)}: {escape(redact(problem.message))}")
-    if not result.stats and not result.interrupted:
-        out.print(f"[bold red]ansible-playbook exited {result.rc} before running any task:[/]")
+    if not result.interrupted and not result.problems and result.output_tail:
+        when = "after its tasks began, with no task failed" if result.stats else "before running any task"
+        out.print(f"[bold red]ansible-playbook exited {result.rc} {when}:[/]")
         out.print(redact(result.output_tail), markup=False)
 
 

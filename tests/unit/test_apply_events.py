@@ -16,7 +16,7 @@ from provisioner.apply.events import (
     task_result,
     unified_diff,
 )
-from provisioner.apply.playbook import _interrupted_with_parent
+from provisioner.apply.playbook import _interrupted_with_parent, died_of_a_signal
 
 
 def event(name: str, host: str = "gpu1", res: dict | None = None, **data) -> dict:
@@ -211,3 +211,17 @@ def test_ansible_playbook_takes_sigint_though_provision_was_started_ignoring_it(
         for process in (child, plain):
             process.kill()
             process.wait()
+
+
+def test_a_sigint_that_killed_an_ansible_worker_is_an_interruption_not_an_error():
+    """Recorded (lab, 2026-12-06): SIGINT sent to ansible-playbook alone; its handler raised KeyboardInterrupt in a
+    worker holding a lock, and it exited 1, not 99."""
+    tail = ["TASK [vllm_provision.gpu_host.sysctl : Check the kernel parameters are well formed] ***",
+            "Exception ignored in: <function _releaseLock at 0x7fc0f145df80>",
+            "Traceback (most recent call last):",
+            '  File "/usr/lib/python3.11/logging/__init__.py", line 237, in _releaseLock',
+            "    raise KeyboardInterrupt()",
+            "KeyboardInterrupt: ",
+            "[ERROR]: A worker was found in a dead state"]
+    assert died_of_a_signal(tail)
+    assert not died_of_a_signal([line for line in tail if "KeyboardInterrupt" not in line])
