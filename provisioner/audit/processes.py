@@ -18,6 +18,9 @@ CUDA_DEVICE_ORDER of its environment (which may hold secrets: nothing else of it
 whether VLLM_API_KEY is set there (yes or no, never its value), the /dev/shm it sees (its mount
 namespace), whether it shares the host's IPC namespace and /dev/shm, and its --config file's text (read
 through /proc/PID/root and /proc/PID/cwd: what the process itself reads).
+
+The TCP tables' parser (tcp_sockets: /proc/net/tcp and tcp6, addresses as ss writes them) is the audit's
+too: provisioner/audit/sockets.py reads the host's sockets with it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import struct
 
 PROC = "/proc"
 WANTED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
@@ -34,6 +39,8 @@ LAUNCHERS = {"tmux: server": "tmux", "tmux": "tmux", "SCREEN": "screen", "screen
              "CRON": "cron", "crond": "cron", "atd": "at"}
 # where the walk up stops: what started the session, not part of how the server was started
 WALK_STOPS = ("sshd", "systemd", "init", "containerd-shim", "conmon", "runc")
+# the TCP states read, as the kernel's TCP tables (/proc/net/tcp, tcp6) write them (include/net/tcp_states.h)
+TCP_STATES = {"ESTABLISHED": "01", "LISTEN": "0A"}
 
 
 def is_vllm_command(argv: list[str]) -> bool:
@@ -110,6 +117,33 @@ def launched_via(server: dict, processes: dict[int, dict]) -> list[str]:
             via.append(LAUNCHERS[comm])
         parent = processes[parent]["ppid"]
     return list(dict.fromkeys(via))
+
+
+def tcp_address(hex_address: str) -> str:
+    """An address of /proc/net/tcp or tcp6 (`0100007F:1F40`: each 32-bit word as the host stores it, then the
+    port) written as ss writes it: `127.0.0.1:8000`, `[::]:8000`, `[::1]:8000`, `[::ffff:10.0.0.5]:8000`
+    (glibc's inet_ntop, which ss calls)."""
+    address, port = hex_address.split(":")
+    raw = b"".join(struct.pack("=I", int(address[index:index + 8], 16)) for index in range(0, len(address), 8))
+    if len(raw) == 4:
+        return "{}:{}".format(socket.inet_ntop(socket.AF_INET, raw), int(port, 16))
+    return "[{}]:{}".format(socket.inet_ntop(socket.AF_INET6, raw), int(port, 16))
+
+
+def tcp_sockets(text: str, state: str) -> list:
+    """/proc/net/tcp or tcp6 → (inode, local address, peer address) of each socket in `state` (LISTEN or
+    ESTABLISHED), the addresses as ss writes them (tcp_address)."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == TCP_STATES[state]:
+            found.append((int(fields[9]), tcp_address(fields[1]), tcp_address(fields[2])))
+    return found
+
+
+def listening_sockets(text: str) -> dict:
+    """/proc/net/tcp or tcp6 → {socket inode: its address} of the listening sockets."""
+    return {inode: local for inode, local, _ in tcp_sockets(text, "LISTEN")}
 
 
 # --------------------------------------------------------------------------- on the host

@@ -11,6 +11,7 @@ the servers' memory shares on it add up. Spec mode has no discovery: these check
 
 from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED
 from provisioner.audit.registry import REPORTED, UNSET, each
+from provisioner.audit.sockets import listening_on
 
 discovery = each(lambda expected: [expected] if "containers" in expected else [], ids=lambda _: "discovery")
 containers = each(lambda expected: expected.get("containers", {}).get("found", []), ids=lambda found: found["name"])
@@ -204,7 +205,7 @@ def process_listening(case, facts, audit):
     """
     server = case.item
     port = server["listen"].rsplit(":", 1)[1]
-    on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == port)
+    on_port = listening_on(audit, facts, f"{server['name']}: listening", server["listen"], port)
     audit.expect(f"{server['name']}: listening", server["listen"], on_port or f"nothing on port {port}",
                  passed=server["listen"] in on_port)
 

@@ -29,6 +29,8 @@ from provisioner.audit.instance_files import (
     http_probe_command,
 )
 from provisioner.audit.registry import REPORTED, UNSET, each, matches, shown
+from provisioner.audit.sockets import COMMANDS as TCP_TABLES
+from provisioner.audit.sockets import connected, listening_on, read_tables
 from provisioner.audit.text import environment_words, shown_argv
 from provisioner.base.module_utils import (
     systemd_dropins as dropins,  # the role's module judges drop-ins with the same code
@@ -60,9 +62,7 @@ class UnitFacts:
 
 
 def commands(expected):
-    found = {"listening": "ss -Hltn"}
-    if any(unit.get("group") for unit in expected["units"]):  # the nodes of multi-node instances: their connections
-        found["established"] = "ss -Htn state established"
+    found = dict(TCP_TABLES)  # the listening sockets and the established connections (multi-node instances)
     for index, unit in enumerate(expected["units"]):
         found.update(unit_commands(index, unit))
     return found
@@ -70,9 +70,7 @@ def commands(expected):
 
 def read(expected, out):
     return {
-        "listening": {line.split()[3] for line in out["listening"].text.splitlines() if len(line.split()) > 3},
-        # (local address, peer address) of each established TCP connection; read where a unit is a multi-node node
-        "established": connections(out["established"]) if "established" in out else [],
+        **read_tables(out),
         "units": {unit["name"]: parse_unit(index, out) for index, unit in enumerate(expected["units"])},
     }
 
@@ -105,17 +103,6 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
         found[f"env_file{index}"] = env_file_command(unit["env_file"]["path"])
     if unit.get("config_file"):
         found[f"config{index}"] = f"cat {shlex.quote(unit['config_file']['path'])}"
-    return found
-
-
-def connections(out: Output) -> list[tuple[str, str]]:
-    """(local, peer) of `ss -Htn state established`'s lines (a State column first, where ss shows one)."""
-    found = []
-    for line in out.text.splitlines():
-        words = line.split()
-        words = words[1:] if words and words[0].isalpha() else words
-        if len(words) > 3:
-            found.append((words[2], words[3]))
     return found
 
 
@@ -393,14 +380,17 @@ def config_file(case, facts, audit):
 
 @serving
 def listening(case, facts, audit):
-    """`UNIT: listening` — the addresses listening on the server's port (`ss -ltn`) against its bind address.
+    """`UNIT: listening` — the addresses listening on the server's port (the host's TCP tables, /proc/net/tcp and tcp6) against its bind address.
 
     Modes: spec, profile.
+
+    Addresses are written as ss writes them (`0.0.0.0:8000`, `[::]:8000`); tables that could not be read make
+    the row an error that says so, never `nothing on port`.
     """
     unit = case.item
     loaded(audit, unit, facts, f"{unit['name']}: listening", unit["listen"])
     port = unit["listen"].rsplit(":", 1)[1]
-    on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == port)
+    on_port = listening_on(audit, facts, f"{unit['name']}: listening", unit["listen"], port)
     audit.expect(f"{unit['name']}: listening", unit["listen"], on_port or f"nothing on port {port}",
                  passed=unit["listen"] in on_port)
 
@@ -470,7 +460,8 @@ def group(case, facts, audit):
     Modes: spec.
 
     Node rank 0: something listens on the rendezvous port; a headless node (rank ≥ 1): a connection established
-    to the leader's rendezvous (`ss -tn`); the rank, size and master address are those its config file gives.
+    to the leader's rendezvous (the host's TCP tables); the rank, size and master address are those its config file
+    gives.
     Every node's unit, config file (rank, size, master address and port) and vLLM version are checked against
     the spec on its own host, which makes them agree; this row says the group met: the followers stay
     connected to the leader's store (torch.distributed's TCPStore, which vLLM's launcher runs on node rank 0),
@@ -481,13 +472,13 @@ def group(case, facts, audit):
     check = f"{unit['name']}: node {group['rank']} of {group['size']}, rendezvous {master}"
     if group["rank"] == 0:
         loaded(audit, unit, facts, check, f"listening on port {group['master_port']}")
-        on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == str(group["master_port"]))
+        on_port = listening_on(audit, facts, check, f"listening on port {group['master_port']}", group["master_port"])
         audit.expect(check, f"listening on port {group['master_port']}",
                      f"listening on {', '.join(on_port)}" if on_port else f"nothing on port {group['master_port']}",
                      passed=bool(on_port))
         return
     loaded(audit, unit, facts, check, f"connected to {master}")
-    peers = sorted({peer for _, peer in facts.established if joins(peer, group)})
+    peers = sorted({peer for _, peer in connected(audit, facts, check, f"connected to {master}") if joins(peer, group)})
     audit.expect(check, f"connected to {master}", f"connected to {', '.join(peers)}" if peers else
                  f"no connection to {master}", passed=bool(peers))
 
