@@ -261,8 +261,9 @@ def test_the_scan_finds_a_launcher_script_by_its_api_and_reads_its_start_and_fil
                         f"sys.argv = ['vllm', 'serve', 'org/model', '--host', '127.0.0.1', '--port', '{port}']\n"
                         "from vllm.entrypoints.cli.main import main\nmain()\n")
     script = ('{ exec "$1" "$2" >/dev/null 2>&1; } & launcher=$!; echo "$launcher"\n'
+              'trap \'kill -9 "$launcher"\' EXIT\n'  # whatever happens next: its engine core ends with it
               'for i in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$3") 2>/dev/null && break; sleep 0.05; done\n'
-              '"$1" "$4" "$5"; rc=$?; kill -9 "$launcher"; exit $rc')
+              '"$1" "$4" "$5"')
     request = json.dumps({"files": ["/nonexistent", str(launcher)]})
     arguments = [sys.executable, str(launcher), str(port), str(Path(processes.__file__)), request]
     run = subprocess.run(own_network(["bash", "-c", "ip link set lo up && " + script, "bash", *arguments]),
