@@ -50,10 +50,17 @@ OTHER_VLLM_WHEEL = f"/root/vllm-{OTHER_VLLM_VERSION}-py3-none-any.whl"
 SERVER_DOWN = {
     f"{UNIT}: listening": ("{address}:8000", "nothing on port 8000"),
     f"{UNIT}: GET http://{{address}}:8000/health": ("200", "{address}: connect: Connection refused"),
-    f"{UNIT}: GET http://{{address}}:8000/v1/models": ("Qwen/Qwen3-1.7B", "{address}: connect: Connection refused"),
+    f"{UNIT}: GET http://{{address}}:8000/v1/models": ("Qwen/Qwen3-1.7B", "{address}: connect: Connection refused"
+                                                                          " (key: the spec's api_key_file)"),
     f"{UNIT}: ready (one request served)": ("ready", "http://{address}:8000 (Qwen/Qwen3-1.7B) not ready (last: [Errno 111]"
                                                      " Connection refused)"),
+    f"{UNIT}: restart pending": ("none: the process started after its files changed",
+                                 "no running server to compare with its files"),
+    f"{UNIT}: vLLM running": ("0.25.0", "no running server"),
 }
+# the restart pending rows: times and pids as test_drift_matrix.py shows them (TIME, PID)
+RESTART_PENDING = f"{UNIT}: restart pending"
+NO_RESTART = "none: the process started after its files changed"
 
 
 @dataclass(frozen=True)
@@ -169,7 +176,9 @@ DRIFTS: list[Drift] = [
           "enables it again (the power limits come back at the next boot)", tags=("nvidia_gpu",)),
     Drift("another vLLM version installed in the venv",
           f"/opt/vllm/venvs/0.25.0/bin/pip install -q --no-index {OTHER_VLLM_WHEEL}",
-          {"vLLM in /opt/vllm/venvs/0.25.0": ("0.25.0", "0.33.0")},
+          {"vLLM in /opt/vllm/venvs/0.25.0": ("0.25.0", "0.33.0"),
+           RESTART_PENDING: (NO_RESTART, "restart pending: /opt/vllm/venvs/0.25.0/bin/vllm (changed TIME), after"
+                                         " pid PID started TIME")},
           "installs the pinned version again, restarts the instances on it", tags=("vllm_install", "vllm_service")),
     Drift("a managed script edited",
           f"echo '# local change' >> {WAIT_READY}",
@@ -188,7 +197,8 @@ DRIFTS: list[Drift] = [
           f"sed -i 's/^Description=.*/Description=my chat server/' {UNIT_FILE} && systemctl daemon-reload",
           {f"file {UNIT_FILE}": ("as rendered (51 lines, root:root 0644)",
                                  "line 3: 'Description=my chat server' instead of "
-                                 "'Description=vLLM chat: Qwen/Qwen3-1.7B on port 8000' (root:root 0644)")},
+                                 "'Description=vLLM chat: Qwen/Qwen3-1.7B on port 8000' (root:root 0644)"),
+           RESTART_PENDING: (NO_RESTART, f"restart pending: {UNIT_FILE} (changed TIME), after pid PID started TIME")},
           "rewrites the unit, restarts it", tags=("vllm_service",)),
     # the driver not up when the boot unit ran (the TEST DOUBLE nvidia-smi fails every call while FAIL_AT_BOOT
     # is high), its retries stopped; the start limit is reset first, so that the runs before count for nothing

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from provisioner.audit.registry import Audit, Case, Drift, NotApplicable
+from provisioner.audit.engine import run_case
+from provisioner.audit.registry import Audit, Case, Drift, NotApplicable, make_check
 
 
 def run_row(check, case: Case, facts: Any) -> tuple[str, dict[str, str]]:
@@ -18,3 +19,10 @@ def run_row(check, case: Case, facts: Any) -> tuple[str, dict[str, str]]:
     except NotApplicable:
         status = "n/a"
     return status, audit.row
+
+
+def run_check(function, item, facts, target: dict[str, Any] | None = None) -> tuple[str, dict[str, str]]:
+    """(status, row) of one check function on `item` as the engine runs it: passed, failed, n/a or error (`facts`:
+    an engine.Facts, its `problems` too)."""
+    result = run_case(make_check(function), Case("h", target or {}, item), "t", facts)
+    return result.status, {"check": result.check, "expected": result.expected, "actual": result.actual}
