@@ -3,7 +3,8 @@
 
 A check takes any of `case` (the host, its expectations and the item), `facts` (what the host has, read in
 one round trip: provisioner/audit/engine.py) and `audit`, and calls `audit.expect(row, expected, actual)`:
-a difference raises `Drift` (the row fails); `audit.not_applicable(row, expected, reason)` makes it n/a.
+a difference raises `Drift` (the row fails); `audit.not_applicable(row, expected, reason)` makes it n/a;
+`audit.cannot_check(row, expected, reason)` makes it an error (the host lacks what the check reads with).
 Its docstring is its entry in docs/audit-checks.md: a first line "`ROW NAME TEMPLATE` — what it compares."
 and a line "Modes: spec, profile." (or one of them).
 """
@@ -41,6 +42,10 @@ class Drift(AssertionError):
 
 class NotApplicable(Exception):
     """The check does not apply on this host (a live kernel parameter in a container…)."""
+
+
+class CannotCheck(RuntimeError):
+    """The host lacks what the check reads with (a tool not installed…): an error row, never a pass nor a drift."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ class Audit:
     def not_applicable(self, check: str, expected: Any, reason: str) -> None:
         self._record(check, expected, f"n/a: {reason}")
         raise NotApplicable(reason)
+
+    def cannot_check(self, check: str, expected: Any, reason: str) -> None:
+        self._record(check, expected, f"cannot be checked: {reason}")
+        raise CannotCheck(reason)
 
 
 def once_per_host(expected: dict[str, Any]) -> list[None]:
