@@ -11,18 +11,28 @@ from types import SimpleNamespace
 
 import pytest
 
-from provisioner.audit.checks import nouveau
-from provisioner.audit.engine import Output, not_installed
+from provisioner.audit.checks import nouveau, shm
+from provisioner.audit.engine import Output, not_installed, run_commands
 from provisioner.audit.registry import Case
 from tests.unit.audit_rows import run_row
+from tests.unit.test_audit_suite import LocalShell
 
+GIB = 1 << 30
+SHM_1G = {"size": "1G", "bytes": GIB, "exact": True}
+MOUNTINFO = """\
+22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw,errors=remount-ro
+24 22 0:5 / /dev rw,nosuid,relatime shared:2 - devtmpfs udev rw,size=65912340k,nr_inodes=16478085,mode=755
+25 24 0:23 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs rw,size=134217728k,inode64
+"""
 BASH = shutil.which("bash")  # found here, then run with the PATH a test gives it
 H200_MODPROBE = Output("bash: line 9: modprobe: command not found\n", 127)  # as read on the H200 server
 
 
-def row(check, item, **facts) -> tuple[str, str, str, str]:
-    """(status, check, expected, actual) of one check on `item` with these facts."""
-    status, shown = run_row(check, Case("h", {}, item), SimpleNamespace(**{"container": None, **facts}))
+def row(check, target_or_item, **facts) -> tuple[str, str, str, str]:
+    """(status, check, expected, actual) of one check on these facts; `target_or_item` is the case's item, and its
+    target as {"shm": item} too."""
+    status, shown = run_row(check, Case("h", {"shm": target_or_item}, target_or_item),
+                            SimpleNamespace(**{"container": None, "page_size": 4096, **facts}))
     return status, shown["check"], shown["expected"], shown["actual"]
 
 
@@ -118,3 +128,51 @@ def test_the_initramfs_script_without_lsinitramfs_exits_127(tmp_path):
     ran = bash(script.replace("/boot/initrd.img-", f"{tmp_path}/initrd.img-"), PATH=str(tmp_path))
     assert (ran.rc, not_installed(ran, "lsinitramfs")) == (127, "lsinitramfs (initramfs-tools) is not installed")
 
+
+# ---------------------------------------------------------------- /dev/shm live: mountinfo and statfs, no findmnt
+
+
+def test_the_live_size_is_the_mount_point_and_statfs_fragments_times_blocks():
+    assert shm.live_size(Output(MOUNTINFO, 0), Output("4096 33554432\n", 0)) == {
+        "shm_bytes": 128 * GIB, "shm_problem": None}
+    unmounted = MOUNTINFO.replace(" /dev/shm ", " /run/shm ")  # statfs of /dev/shm would be the /dev under it
+    assert shm.live_size(Output(unmounted, 0), Output("4096 16478085\n", 0)) == {"shm_bytes": None, "shm_problem": None}
+
+
+def test_a_mount_point_with_escaped_characters_is_read_as_its_path():
+    assert shm.is_mount_point("30 25 0:27 / /mnt/a\\040b rw - tmpfs tmpfs rw\n", "/mnt/a b")
+    assert not shm.is_mount_point("30 25 0:27 / /dev/shm/sub rw - tmpfs tmpfs rw\n", "/dev/shm")
+
+
+def test_the_live_size_read_here_is_the_kernels():
+    found = shm.read({}, run_commands(LocalShell(), shm.commands({})))
+    statfs = os.statvfs("/dev/shm")
+    assert found["shm_problem"] is None and found["shm_bytes"] == statfs.f_frsize * statfs.f_blocks
+    assert found["page_size"] == os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("statfs, problem", [
+    (Output("bash: line 12: stat: command not found\n", 127),
+     "the size of /dev/shm could not be read: stat (coreutils) is not installed"),
+    (Output("stat: cannot read file system information for '/dev/shm': Permission denied\n", 1),
+     "the size of /dev/shm could not be read: stat failed (exit 1: stat: cannot read file system information for "
+     "'/dev/shm': Permission denied)"),
+    (Output("?\n", 0), "the size of /dev/shm could not be read: stat -f answered '?'"),
+])
+def test_a_live_size_that_cannot_be_read_is_an_error_row_naming_why(statfs, problem):
+    facts = shm.live_size(Output(MOUNTINFO, 0), statfs)
+    assert facts == {"shm_bytes": None, "shm_problem": problem}
+    assert row(shm.size, SHM_1G, **facts) == (
+        "error", "/dev/shm size", f"{GIB} bytes (1G)", f"cannot be checked: {problem}")
+    profile = {"size": "1G", "bytes": GIB, "exact": False}
+    assert row(shm.size, profile, **facts)[0] == "error"
+
+
+def test_the_size_row_on_a_mounted_and_an_unmounted_shm():
+    assert row(shm.size, SHM_1G, shm_bytes=GIB, shm_problem=None)[::3] == ("passed", f"{GIB} bytes")
+    assert row(shm.size, SHM_1G, shm_bytes=None, shm_problem=None)[::3] == ("failed", "not mounted")
+
+
+def test_mountinfo_unreadable_is_no_claim_that_shm_is_unmounted():
+    facts = shm.live_size(Output("bash: line 3: cat: command not found\n", 127), Output("4096 1\n", 0))
+    assert facts["shm_problem"] == "/proc/self/mountinfo could not be read: cat (coreutils) is not installed"
