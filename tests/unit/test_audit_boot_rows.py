@@ -11,11 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from provisioner.audit.boot_files import boot_files_command, read_boot_files
 from provisioner.audit.checks import nouveau, shm
 from provisioner.audit.engine import Output, not_installed, run_commands
 from provisioner.audit.registry import Case
 from tests.unit.audit_rows import run_row
 from tests.unit.test_audit_suite import LocalShell
+from tests.unit.test_boot_config import FLAGS, OURS, converged
 
 GIB = 1 << 30
 SHM_1G = {"size": "1G", "bytes": GIB, "exact": True}
@@ -80,15 +82,6 @@ def test_a_file_row_tells_an_absent_file_from_one_it_could_not_read(tmp_path):
     assert row(nouveau.file_removed, str(path), **facts)[0] == "error"
     assert row(nouveau.file_removed, str(path), files={str(path): None}, file_problems={})[::3] == (
         "passed", "(absent)")
-
-
-def test_modprobe_d_read_without_cat_is_no_claim_that_the_lines_are_missing():
-    read = nouveau.read({"nouveau": {}}, {"modprobe": Output("", 127), "cmdline": Output("quiet\n", 0)})
-    item = {"modprobe_lines": ["blacklist nouveau"]}
-    assert row(nouveau.blacklisted_in_modprobe_config, item, **read)[::3] == (
-        "error", "cannot be checked: the modprobe.d files could not be read: cat (coreutils) is not installed")
-    found = nouveau.read({"nouveau": {}}, {"modprobe": Output("blacklist  nouveau\n", 1), "cmdline": Output("", 0)})
-    assert row(nouveau.blacklisted_in_modprobe_config, item, **found)[::3] == ("passed", "blacklist nouveau")
 
 
 def test_the_reboot_marker_and_the_cmdline_unreadable_are_errors():
@@ -176,3 +169,59 @@ def test_the_size_row_on_a_mounted_and_an_unmounted_shm():
 def test_mountinfo_unreadable_is_no_claim_that_shm_is_unmounted():
     facts = shm.live_size(Output("bash: line 3: cat: command not found\n", 127), Output("4096 1\n", 0))
     assert facts["shm_problem"] == "/proc/self/mountinfo could not be read: cat (coreutils) is not installed"
+
+
+# ---------------------------------------------------------------- the boot files, read by boot_config's own code
+
+SPEC = {**SHM_1G, "fstab_line": OURS}  # spec mode: our fstab line too
+
+
+def test_the_boot_files_are_read_here_by_the_modules_reader():
+    found = read_boot_files(run_commands(LocalShell(), boot_files_command()))
+    assert found["boot_files_problem"] is None
+    assert ("/etc/fstab" in found["boot_files"]) is os.path.exists("/etc/fstab")
+
+
+def test_without_python3_the_boot_rows_cannot_be_checked(tmp_path):
+    out = {"boot_files": bash(boot_files_command()["boot_files"], PATH=str(tmp_path))}
+    facts = read_boot_files(out)
+    assert facts == {"boot_files": None, "boot_files_problem": "python3 is not installed"}
+    for check in (shm.fstab_line, shm.size_at_boot, shm.mount_unit):
+        status, _, _, actual = row(check, SPEC, **facts)
+        assert (status, actual) == ("error", "cannot be checked: python3 is not installed")
+    item = {"cmdline_flags": FLAGS, "modprobe_lines": ["blacklist nouveau"]}
+    for check in (nouveau.blacklisted_in_modprobe_config, nouveau.modeset_in_modprobe_config, nouveau.grub_cmdline,
+                  nouveau.install_line_in_modprobe_config, nouveau.not_in_modules_load):
+        assert row(check, item, **facts)[::3] == ("error", "cannot be checked: python3 is not installed")
+
+
+# ---------------------------------------------------------------- /dev/shm and nouveau at the next boot
+
+
+def test_the_first_of_two_fstab_lines_fails_the_size_at_boot(tmp_path):
+    files = converged(tmp_path, **{"/etc/fstab": "tmpfs /dev/shm tmpfs defaults,size=128M 0 0\n" + OURS + "\n"})
+    facts = {"boot_files": files, "boot_files_problem": None}
+    assert row(shm.size_at_boot, SPEC, **facts) == (
+        "failed", "/dev/shm size at boot", f"{GIB} bytes (1G)", f"{128 << 20} bytes (/etc/fstab line 1, size=128M)")
+    assert row(shm.fstab_line, SPEC, **facts)[::3] == (
+        "failed", f"tmpfs /dev/shm tmpfs defaults,size=128M 0 0, {OURS}")
+    assert row(shm.mount_unit, SPEC, **facts)[::3] == ("passed", "no file that sets dev-shm.mount's options")
+
+
+def test_profile_mode_without_an_fstab_line_is_not_applicable_at_boot(tmp_path):
+    facts = {"boot_files": converged(tmp_path, **{"/etc/fstab": "/swapfile none swap sw 0 0\n"}),
+             "boot_files_problem": None}
+    profile = {"size": "1G", "bytes": GIB, "exact": False}
+    assert row(shm.size_at_boot, profile, **facts)[::3] == ("n/a", "n/a: no /dev/shm line in /etc/fstab")
+    assert row(shm.size_at_boot, {**profile, "exact": True}, **facts)[0] == "failed"
+
+def test_the_next_boot_rows_of_a_converged_host_pass(tmp_path):
+    facts = {"boot_files": converged(tmp_path), "boot_files_problem": None}
+    item = {"cmdline_flags": FLAGS, "modprobe_lines": ["blacklist nouveau", "install nouveau /bin/false"]}
+    for check in (nouveau.blacklisted_in_modprobe_config, nouveau.modeset_in_modprobe_config, nouveau.grub_cmdline,
+                  nouveau.install_line_in_modprobe_config, nouveau.not_in_modules_load):
+        assert row(check, item, **facts)[0] == "passed", check.__name__
+    without_grub = {path: text for path, text in facts["boot_files"].items() if "grub" not in path}
+    no_grub = {"boot_files": without_grub, "boot_files_problem": None}
+    assert row(nouveau.grub_cmdline, item, **no_grub)[::3] == (
+        "n/a", "n/a: no /etc/default/grub and no /etc/default/grub.d/*.cfg")

@@ -1,16 +1,19 @@
 """The nouveau driver kept off the host (role nouveau): files, modprobe config, initramfs, module, kernel cmdline, reboot.
 
-A container has no kernel, initramfs or boot loader of its own: those checks are n/a there.
+A container has no kernel, initramfs or boot loader of its own: those checks are n/a there. The rows of the next
+boot read every file that decides it (every modprobe.d file, the GRUB files, every modules-load.d file) by the
+rules of plugins/module_utils/boot_config.py, which the role's module shares; they apply in a container too.
 A row whose tool the host lacks (modprobe without kmod…) cannot be checked: an error naming the tool.
 """
 
 import shlex
 
+from provisioner.audit.boot_files import boot_files, boot_files_command, read_boot_files
 from provisioner.audit.engine import Output, command_problem, not_installed
 from provisioner.audit.registry import ABSENT, each
 from provisioner.audit.text import modprobe_dry_run
+from provisioner.base.module_utils import boot_config
 
-MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/lib/modprobe.d", "/usr/lib/modprobe.d")
 NO_FILE = 3  # the exit status of file_command where there is no such file
 # exit 0: the initramfs holds the file; 1: it lacks it (grep); 3: there is no initramfs; 127: a tool is missing;
 # 4: a tool failed (its message above)
@@ -25,10 +28,7 @@ printf '%s\\n' "$listing" | grep -x -F {path}"""
 
 def commands(expected):
     nouveau = expected["nouveau"]
-    found = {
-        "modprobe": "cat " + " ".join(f"{directory}/*.conf" for directory in MODPROBE_DIRS) + " 2>/dev/null",
-        "cmdline": "cat /proc/cmdline",
-    }
+    found = {**boot_files_command(), "cmdline": "cat /proc/cmdline"}
     for index, path in enumerate(nouveau_files(nouveau)):
         found[f"file{index}"] = file_command(path)
     for index, module in enumerate(nouveau.get("modules", [])):
@@ -46,9 +46,7 @@ def read(expected, out):
     reboot, reboot_problem = file_text(out["reboot"]) if "reboot" in out else (None, None)
     cmdline_problem = command_problem(out["cmdline"], "cat")
     return {
-        # cat's status says nothing (a directory without a .conf file); a cat not found is exit 127
-        "modprobe_lines": {" ".join(line.split()) for line in out["modprobe"].text.splitlines()},
-        "modprobe_problem": not_installed(out["modprobe"], "cat"),
+        **read_boot_files(out),
         "files": {path: text for path, (text, _) in files.items()},  # None: absent
         "file_problems": {path: problem for path, (_, problem) in files.items() if problem},
         # module → what `modprobe -n -v module` would do
@@ -121,10 +119,9 @@ def blacklisted_in_modprobe_config(case, facts, audit):
     Modes: spec, profile.
     """
     lines, check = case.item["modprobe_lines"], "nouveau blacklisted in modprobe.d"
-    if facts.modprobe_problem:
-        audit.cannot_check(check, lines, f"the modprobe.d files could not be read: {facts.modprobe_problem}")
-    found = [line for line in lines if line in facts.modprobe_lines]
-    audit.expect(check, lines, found or "none of these lines")
+    files = boot_config.in_directories(boot_files(facts, audit, check, lines), boot_config.MODPROBE_DIRS, ".conf")
+    read = {" ".join(line.split()) for _, text in files for line in text.splitlines()}
+    audit.expect(check, lines, [line for line in lines if line in read] or "none of these lines")
 
 
 @when_enabled("initramfs_file")
@@ -194,3 +191,49 @@ def no_reboot_pending(case, facts, audit):
         audit.cannot_check(check, "no", f"{marker['path']} could not be read: {facts.reboot_problem}")
     pending = marker["line"] in facts.reboot_lines
     audit.expect(check, "no", f"yes ({marker['line']} in {marker['path']})" if pending else "no")
+
+
+def at_next_boot(case, facts, audit, check):
+    """The row `check` of nouveau's state at the next boot (boot_config.nouveau_findings), naming the file that
+    decides."""
+    files = boot_files(facts, audit, check, " ".join(case.item["cmdline_flags"]))
+    row = next(row for row in boot_config.nouveau_findings(files, case.item["cmdline_flags"]) if row["check"] == check)
+    if row["passed"] is None:
+        audit.not_applicable(check, row["expected"], row["actual"])
+    audit.expect(check, row["expected"], row["actual"], passed=row["passed"])
+
+
+@when_enabled("cmdline_flags")
+def modeset_in_modprobe_config(case, facts, audit):
+    """`nouveau modprobe.d: modeset` — nouveau's modeset from every modprobe.d file (the last `options nouveau modeset=` wins) and its file.
+
+    Modes: spec, profile.
+    """
+    at_next_boot(case, facts, audit, "nouveau modprobe.d: modeset")
+
+
+@when_enabled("cmdline_flags")
+def install_line_in_modprobe_config(case, facts, audit):
+    """`nouveau modprobe.d: install` — the `install nouveau` line modprobe runs (the first in file name order) and its file.
+
+    Modes: spec, profile.
+    """
+    at_next_boot(case, facts, audit, "nouveau modprobe.d: install")
+
+
+@when_enabled("cmdline_flags")
+def grub_cmdline(case, facts, audit):
+    """`nouveau on the kernel command line GRUB builds` — the role's flags on the command line /etc/default/grub and grub.d/*.cfg build, no later nouveau.modeset; n/a without GRUB files.
+
+    Modes: spec, profile.
+    """
+    at_next_boot(case, facts, audit, "nouveau on the kernel command line GRUB builds")
+
+
+@when_enabled("cmdline_flags")
+def not_in_modules_load(case, facts, audit):
+    """`nouveau in modules-load.d` — no modules-load.d file (/etc, /run, /usr/local/lib, /usr/lib, /lib) loads nouveau at boot.
+
+    Modes: spec, profile.
+    """
+    at_next_boot(case, facts, audit, "nouveau in modules-load.d")
