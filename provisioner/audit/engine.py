@@ -26,6 +26,10 @@ from provisioner.base.unreachable import LOST, explain
 # every concern's facts may need it: the host is a container (no kernel, initramfs or boot loader of its own)
 HOST_COMMANDS = {"virt": "systemd-detect-virt --container"}
 SHELL_VARIABLE = re.compile(r"[a-z_][a-z0-9_]*")
+# the package (Debian, Ubuntu) of each tool the checks read with: an unknown row names it
+TOOL_PACKAGES = {"cat": "coreutils", "stat": "coreutils", "uname": "coreutils", "getconf": "libc-bin",
+                 "python3": "python3", "modprobe": "kmod", "lsinitramfs": "initramfs-tools", "grep": "grep"}
+NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found$", re.M)  # bash's and dash's words for exit 127
 
 
 @dataclass
@@ -148,6 +152,25 @@ def json_answer(out: Output, kind: type) -> tuple[Any, str | None]:
         return answer, None
     lines = out.text.strip().splitlines()
     return None, f"exit {out.rc}: {lines[-1] if lines else 'no output'}"
+
+
+def not_installed(out: Output, tool: str) -> str | None:
+    """'TOOL (PACKAGE) is not installed' where the shell found no command to run (exit 127): the one its message
+    names, else `tool` (the command's own, its message sent to /dev/null); None where every command was found."""
+    if out.rc != 127:
+        return None
+    named = NOT_FOUND.findall(out.text)
+    missing = named[-1] if named else tool
+    package = TOOL_PACKAGES.get(missing, missing)
+    return f"{missing} is not installed" if package == missing else f"{missing} ({package}) is not installed"
+
+
+def command_problem(out: Output, tool: str) -> str | None:
+    """Why a command's answer cannot be read: its tool is not installed, or it failed; None where it succeeded."""
+    if out.rc == 0:
+        return None
+    lines = out.text.strip().splitlines()
+    return not_installed(out, tool) or f"{tool} failed (exit {out.rc}: {lines[-1] if lines else 'no output'})"
 
 
 def shown_properties(out: Output) -> dict[str, str]:

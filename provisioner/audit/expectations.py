@@ -147,7 +147,6 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
     shm = shm_expectations(variables["shm_size"], exact=True)
     if plan.fstab_line:
         shm["fstab_line"] = plan.fstab_line
-        shm["fstab_pattern"] = find_task_args("shm", "lineinfile", lambda args: args.get("path") == "/etc/fstab")["regexp"]
     return {
         "sysctl": {"file": plan.sysctl_file.path, "settings": sysctl_settings(plan.sysctl_file.content)},
         "nouveau": nouveau,

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from provisioner.audit.engine import run_case
-from provisioner.audit.registry import Audit, Case, Drift, NotApplicable, make_check
+from provisioner.audit.registry import Audit, Case, Drift, NotApplicable, Unknown, make_check
 
 
 def run_row(check, case: Case, facts: Any) -> tuple[str, dict[str, str]]:
-    """(status, {check, expected, actual}) of `check` on this case and these facts: passed, failed or n/a."""
+    """(status, {check, expected, actual}) of `check` on this case and these facts: passed, failed, n/a or error
+    (it could not be checked)."""
     audit = Audit()
     try:
         check(case=case, facts=facts, audit=audit)
@@ -18,6 +19,8 @@ def run_row(check, case: Case, facts: Any) -> tuple[str, dict[str, str]]:
         status = "failed"
     except NotApplicable:
         status = "n/a"
+    except Unknown:
+        status = "error"
     return status, audit.row
 
 
