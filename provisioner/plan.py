@@ -208,10 +208,10 @@ def redacted_secret(source: dict[str, str]) -> str:
 
 
 def fstab_line(variables: dict[str, Any]) -> str | None:
-    """The /etc/fstab line of the shm role's lineinfile task; None when shm_size is null (role skipped)."""
+    """The /etc/fstab line of the shm role's shm_fstab task; None when shm_size is null (role skipped)."""
     if variables["shm_size"] is None:
         return None
-    task = find_task_args("shm", "lineinfile", lambda args: args.get("path") == "/etc/fstab")
+    task = find_task_args("shm", "vllm_provision.gpu_host.shm_fstab", lambda args: "line" in args)
     return render_string(task["line"], variables)
 
 

@@ -26,8 +26,8 @@ import testinfra
 import yaml
 
 from provisioner.audit import processes
-from provisioner.audit.processes import is_vllm_command
 from provisioner.audit.engine import Output, json_answer, run_commands
+from provisioner.audit.processes import is_vllm_command
 from provisioner.audit.text import show_blocks, shown_argv
 
 CONTAINER_TOOLS = ("docker", "podman")
@@ -41,7 +41,7 @@ GPUS_COMMAND = ("command -v {smi} >/dev/null || exit 3;"
                 " {smi} --query-gpu=index,uuid,memory.total,memory.used --format=csv,noheader,nounits")
 COMPUTE_APPS_COMMAND = ("command -v {smi} >/dev/null || exit 3;"
                         " {smi} --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits")
-PROCESSES_COMMAND = "command -v python3 >/dev/null || exit 3; python3 -c {source}"
+PROCESSES_COMMAND = "command -v python3 >/dev/null || exit 3; python3 -c {source} {request}"
 # units that start processes without supervising them: a vLLM server in their cgroup is a bare process
 KNOWN_STARTERS = re.compile(r"^(cron|crond|anacron|atd|ssh|sshd|(serial-|console-|container-)?getty(@.*)?)\.service$")
 CONTAINER_CGROUP = re.compile(r"(?:^|/)(?:docker|libpod|libpod-payload|cri-containerd|crio)[-/]([0-9a-f]{12,64})(?:\.scope)?(?:/|$)")
@@ -54,7 +54,7 @@ def discover(host: testinfra.host.Host, nvidia_smi: str = "nvidia-smi") -> dict[
         "units": UNITS_COMMAND,
         "gpus": GPUS_COMMAND.format(smi=smi),
         "compute_apps": COMPUTE_APPS_COMMAND.format(smi=smi),
-        "processes": PROCESSES_COMMAND.format(source=shlex.quote(Path(processes.__file__).read_text(encoding="utf-8"))),
+        "processes": processes_command(),
         **{tool: CONTAINERS_COMMAND.format(tool=tool) for tool in CONTAINER_TOOLS},
     }
     out = run_commands(host, commands)
@@ -84,9 +84,15 @@ def discover(host: testinfra.host.Host, nvidia_smi: str = "nvidia-smi") -> dict[
     }
 
 
+def processes_command(request: dict[str, Any] | None = None) -> str:
+    """processes.py run on the host (`request`: {"files": [PATH, ...]}, the times it also reads)."""
+    return PROCESSES_COMMAND.format(source=shlex.quote(Path(processes.__file__).read_text(encoding="utf-8")),
+                                    request=shlex.quote(json.dumps(request or {})))
+
+
 def process_scan(out: Output) -> tuple[dict[str, Any], str | None]:
     """processes.py's answer, or (nothing, why it could not be read)."""
-    empty = {"parents": {}, "comm": {}, "servers": []}
+    empty = {"parents": {}, "comm": {}, "servers": [], "problems": []}
     if out.rc == 3:
         return empty, "no python3 on the host to read its processes"
     scan, problem = json_answer(out, dict)
@@ -146,6 +152,7 @@ def place_servers(found: list[dict[str, Any]], units: list[dict[str, Any]], cont
                               "argv": server["cmdline"], "wrapper": shown_argv(block.get("ExecStart", ""))})
                 unit_names.add(placed["name"])
         servers.append({**server, "kind": kind, "name": label, "supervision": placed,
+                        "fragment": shown.get(placed["name"], {}).get("FragmentPath", ""),
                         "config": parsed_config(server.get("config"))})
     return servers
 

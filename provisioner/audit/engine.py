@@ -4,6 +4,8 @@ Each concern module (provisioner/audit/checks/*.py) may declare `commands(expect
 (what to read, from the host's expectations) and `read(expected, outputs) -> {fact: value}` (the parsed facts,
 attributes of the `facts` its checks get). All the concerns' commands run as one shell script, each one's
 output and exit status framed by a marker line; a concern whose reader fails makes its own checks errors.
+A concern may also declare `secrets(expected) -> {variable: value}`: values its commands use as shell
+variables ("$variable"), read first from the session's standard input (never on a command line or on disk).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +25,11 @@ from provisioner.base.unreachable import LOST, explain
 
 # every concern's facts may need it: the host is a container (no kernel, initramfs or boot loader of its own)
 HOST_COMMANDS = {"virt": "systemd-detect-virt --container"}
+SHELL_VARIABLE = re.compile(r"[a-z_][a-z0-9_]*")
+# the package (Debian, Ubuntu) of each tool the checks read with: an unknown row names it
+TOOL_PACKAGES = {"cat": "coreutils", "stat": "coreutils", "uname": "coreutils", "getconf": "libc-bin",
+                 "python3": "python3", "modprobe": "kmod", "lsinitramfs": "initramfs-tools", "grep": "grep"}
+NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found$", re.M)  # bash's and dash's words for exit 127
 
 
 @dataclass
@@ -63,16 +71,30 @@ def host_commands(expected: dict[str, Any]) -> dict[str, str]:
     return commands
 
 
-def run_commands(host: Any, commands: dict[str, str]) -> dict[str, Output]:
+def host_secrets(expected: dict[str, Any]) -> dict[str, str]:
+    """Every secret the host's commands use: shell variable → value (one line each: a line of stdin)."""
+    found: dict[str, str] = {}
+    for module in concerns():
+        for name, value in (module.secrets(expected) if hasattr(module, "secrets") else {}).items():
+            if not SHELL_VARIABLE.fullmatch(name) or "\n" in value:
+                raise ValueError(f"secret {name!r} of {module.__name__}: a shell variable's name, one line of value")
+            if found.setdefault(name, value) != value:
+                raise ValueError(f"secret {name!r} of {module.__name__} is another concern's, with another value")
+    return found
+
+
+def run_commands(host: Any, commands: dict[str, str], given: dict[str, str] | None = None) -> dict[str, Output]:
     """Run every command in one SSH round trip (`host.run`, a testinfra host); name → its output
-    (stdout and stderr) and exit status."""
+    (stdout and stderr) and exit status. `given`: secrets (shell variable → value) the script reads from its
+    standard input before any command runs; the commands themselves get no input."""
     marker = f"@@vp-audit-{secrets.token_hex(6)}"
-    script = "".join(
-        f"echo '{marker} {name}'; ( {command}\n) 2>&1; rc=$?; echo; echo \"{marker} rc $rc\"\n"
+    script = "".join(f"IFS= read -r {name} || true\n" for name in given or {}) + "".join(
+        f"echo '{marker} {name}'; ( {command}\n) 2>&1 </dev/null; rc=$?; echo; echo \"{marker} rc $rc\"\n"
         for name, command in commands.items()
     )
     try:
-        result = host.run(script)
+        result = run_with_input(host, script, "".join(f"{value}\n" for value in given.values())) if given \
+            else host.run(script)
     except RuntimeError as error:  # testinfra's ssh backend raises on ssh's own failure (exit 255), with the result
         result = error.args[0] if error.args and hasattr(error.args[0], "rc") else None
         if result is None:
@@ -82,6 +104,21 @@ def run_commands(host: Any, commands: dict[str, str]) -> dict[str, Output]:
     if result.rc != 0 and marker not in result.stdout:
         raise RuntimeError(f"reading the host failed (exit {result.rc}): {result.stderr.strip()[-500:]}")
     return parse_outputs(result.stdout, marker)
+
+
+def run_with_input(host: Any, script: str, stdin: str) -> Any:
+    """`host.run(script)` with `stdin` on the script's standard input. testinfra runs every command with none: its
+    ssh and local backends' own command line (ssh's alias, config, sudo) run here, given `stdin`."""
+    backend = host.backend
+    command = backend.get_command(script)
+    if hasattr(backend, "_build_ssh_command"):  # ssh, safe-ssh
+        line, arguments = backend._build_ssh_command(command)
+        command = backend.quote(" ".join(line), *arguments)
+    elif backend.NAME != "local":
+        raise RuntimeError(f"testinfra's {backend.NAME} backend cannot give the audit's secrets on standard input:"
+                           " connect with ssh://")
+    done = subprocess.run(backend.encode(command), shell=True, input=stdin.encode(), capture_output=True)
+    return backend.result(done.returncode, backend.encode(command), done.stdout, done.stderr)
 
 
 def parse_outputs(stdout: str, marker: str) -> dict[str, Output]:
@@ -102,7 +139,7 @@ def parse_facts(expected: dict[str, Any], outputs: dict[str, Output]) -> Facts:
 
 
 def read_facts(host: Any, expected: dict[str, Any]) -> Facts:
-    return parse_facts(expected, run_commands(host, host_commands(expected)))
+    return parse_facts(expected, run_commands(host, host_commands(expected), host_secrets(expected)))
 
 
 def json_answer(out: Output, kind: type) -> tuple[Any, str | None]:
@@ -115,6 +152,25 @@ def json_answer(out: Output, kind: type) -> tuple[Any, str | None]:
         return answer, None
     lines = out.text.strip().splitlines()
     return None, f"exit {out.rc}: {lines[-1] if lines else 'no output'}"
+
+
+def not_installed(out: Output, tool: str) -> str | None:
+    """'TOOL (PACKAGE) is not installed' where the shell found no command to run (exit 127): the one its message
+    names, else `tool` (the command's own, its message sent to /dev/null); None where every command was found."""
+    if out.rc != 127:
+        return None
+    named = NOT_FOUND.findall(out.text)
+    missing = named[-1] if named else tool
+    package = TOOL_PACKAGES.get(missing, missing)
+    return f"{missing} is not installed" if package == missing else f"{missing} ({package}) is not installed"
+
+
+def command_problem(out: Output, tool: str) -> str | None:
+    """Why a command's answer cannot be read: its tool is not installed, or it failed; None where it succeeded."""
+    if out.rc == 0:
+        return None
+    lines = out.text.strip().splitlines()
+    return not_installed(out, tool) or f"{tool} failed (exit {out.rc}: {lines[-1] if lines else 'no output'})"
 
 
 def shown_properties(out: Output) -> dict[str, str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from provisioner.audit import running
 from provisioner.base.file_formats import exec_argv, sysctl_settings, unit_environment, unit_settings
 from provisioner.base.module_utils import driver_state, systemd_dropins
 from provisioner.base.paths import role_dir
@@ -146,7 +147,6 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
     shm = shm_expectations(variables["shm_size"], exact=True)
     if plan.fstab_line:
         shm["fstab_line"] = plan.fstab_line
-        shm["fstab_pattern"] = find_task_args("shm", "lineinfile", lambda args: args.get("path") == "/etc/fstab")["regexp"]
     return {
         "sysctl": {"file": plan.sysctl_file.path, "settings": sysctl_settings(plan.sysctl_file.content)},
         "nouveau": nouveau,
@@ -167,6 +167,8 @@ def host_expectations(variables: dict[str, Any], plan: HostPlan) -> dict[str, An
             container_expectations(variables, unit, entry)
             for unit, entry in zip(plan.units, variables["vllm_service_instances"]) if entry["container"]
         ],
+        # spec mode reads the running servers: what each unit's process runs, and the ones the spec does not declare
+        "running": True,
     }
 
 
@@ -244,6 +246,10 @@ def unit_expectations(variables: dict[str, Any], planned: PlannedUnit, entry: di
         "config_file": {"path": planned.config_file.path, "content": planned.config_file.content},
         **serving_expectations(argv, config),
         "group": group_expectations(config),
+        # what the running process must not be older than, the vLLM it must run, the key the API probes ask with
+        "started_from": [planned.unit.path, planned.env_file.path, planned.config_file.path],
+        "vllm_version": str(variables["vllm_install_version"]),
+        "api_key": {"file": entry.get("api_key_file")},
     }
 
 
@@ -597,7 +603,17 @@ def profile_server(server: dict[str, Any], rules: dict[str, Any]) -> dict[str, A
         "gpus": server.get("gpus", []),
         "share": share,
         "share_source": source,
+        **running_rows(server),
     }
+
+
+def running_rows(server: dict[str, Any]) -> dict[str, Any]:
+    """How the server was started, whether a file it was started from changed since (passed None: unknown), the
+    vLLM it imported."""
+    passed, actual = running.restart_pending(server["pid"], server.get("started") or 0, server.get("files") or {})
+    version, source = running.running_version(server)
+    return {"started_by": running.started_by(server, server["supervision"], server.get("fragment", "")),
+            "restart": {"passed": passed, "actual": actual}, "version": f"{version or 'unknown'} ({source})"}
 
 
 def supervision_verdict(server: dict[str, Any]) -> tuple[dict[str, Any], str]:

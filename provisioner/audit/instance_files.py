@@ -18,14 +18,17 @@ HTTPS_PROBE = PROBES / "http_probe.py"  # python's ssl: https
 PROBE_TIMEOUT_S = 10
 
 
-def http_probe_command(name: str, url: str) -> str:
-    """/health and /v1/models of the server at `url`, from the host itself (a unit's name: its API key)."""
+def http_probe_command(name: str, url: str, key: str | None = None) -> str:
+    """/health and /v1/models of the server at `url`, from the host itself, asked with the key in the shell
+    variable `key` (spec mode: the spec's, read from stdin), else with the server's own (a unit's name: its
+    main process's)."""
     scheme, _, address = url.partition("://")
     host, _, port = address.rpartition(":")
     host = shlex.quote(host.strip("[]"))
     probe = f"python3 -c {shlex.quote(HTTPS_PROBE.read_text())}" if scheme == "https" else (
         f"bash -c {shlex.quote(HTTP_PROBE.read_text())} {host}")  # $0: bash's messages name the host, not the unit
-    return f"timeout {PROBE_TIMEOUT_S} {probe} {name} {host} {shlex.quote(port)}"
+    given = f'VP_PROBE_KEY="${key}" ' if key else ""
+    return f"{given}timeout {PROBE_TIMEOUT_S} {probe} {name} {host} {shlex.quote(port)}"
 
 
 def http_answers(text: str) -> dict[str, dict[str, Any]]:
@@ -41,6 +44,12 @@ def http_answers(text: str) -> dict[str, dict[str, Any]]:
             lines = raw.strip().splitlines()
             answers[path] = {"error": lines[0].removeprefix("error: ") if lines else "no answer within 5 s"}
     return answers
+
+
+def key_source(text: str) -> dict[str, str]:
+    """{"key": where the probe took the API key from} of its `@@key-source WHERE` line ({} without one)."""
+    found = re.search(r"^@@key-source (.*)$", text, re.M)
+    return {"key": found.group(1).strip()} if found else {}
 
 
 def env_file_command(path: str) -> str:

@@ -18,6 +18,21 @@ CUDA_DEVICE_ORDER of its environment (which may hold secrets: nothing else of it
 whether VLLM_API_KEY is set there (yes or no, never its value), the /dev/shm it sees (its mount
 namespace), whether it shares the host's IPC namespace and /dev/shm, and its --config file's text (read
 through /proc/PID/root and /proc/PID/cwd: what the process itself reads).
+
+What the server runs (issue 35), per server: its start time (epoch seconds, from /proc/PID/stat and the
+boot time), the TCP addresses its tree listens on (/proc/net/tcp{,6} and the sockets among its
+/proc/PID/fd), the vLLM it imported — the vllm package's shared objects in /proc/PID/maps, the
+dist-info beside them (`(deleted)`: a venv replaced under it), else what its API's /version answers —
+and, for one cron started, the crontab line (`root's crontab (@reboot)`). A process whose command line is
+no vLLM command is a server too when it listens and its maps hold vLLM's shared objects or its port
+answers vLLM's API (/version and /v1/models in vLLM's shape): a launcher script, whatever started it.
+`python3 -c SOURCE JSON` with {"files": [PATH, ...]} also answers "files": {PATH: mtime, None where absent}
+(lstat: a link's own time), what the audit compares with the start times ("restart pending").
+
+What could not be read is said, never taken for absence: "problems" lists the TCP tables not read (then
+each server's "listening" is None) and the processes whose program or open files could not be read (a
+launcher script among them would go unfound); a file time that cannot be told is `not read: WHY`; a
+process's maps not read make its "imported" {"problem": …}.
 """
 
 from __future__ import annotations
@@ -25,6 +40,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import struct
 
 PROC = "/proc"
 WANTED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
@@ -34,6 +51,15 @@ LAUNCHERS = {"tmux: server": "tmux", "tmux": "tmux", "SCREEN": "screen", "screen
              "CRON": "cron", "crond": "cron", "atd": "at"}
 # where the walk up stops: what started the session, not part of how the server was started
 WALK_STOPS = ("sshd", "systemd", "init", "containerd-shim", "conmon", "runc")
+
+
+CRONTABS = "/var/spool/cron/crontabs"
+SYSTEM_CRONTABS = ("/etc/crontab",)
+SYSTEM_CRON_DIR = "/etc/cron.d"
+VLLM_OBJECT = re.compile(r"^(?P<package>/\S*?/(?:site|dist)-packages/vllm)/\S+\.so(?:\.\S+)?$")
+API_PROBE_TIMEOUT_S = 2
+# the TCP states read, as the kernel's TCP tables (/proc/net/tcp, tcp6) write them (include/net/tcp_states.h)
+TCP_STATES = {"ESTABLISHED": "01", "LISTEN": "0A"}
 
 
 def is_vllm_command(argv: list[str]) -> bool:
@@ -64,11 +90,12 @@ def cgroup_path(text: str) -> str:
 
 def group_servers(processes: dict[int, dict]) -> list[dict]:
     """The servers among `processes` ({pid: {"ppid", "cmdline", ...}}): [{"pid", "wrappers", "tree"}],
-    by main pid. Pure: the recording's process list goes through it in the unit tests."""
+    by main pid; a process marked "serves" (found by its maps or its API, not its command line) counts as a
+    vLLM command line. Pure: the recording's process list goes through it in the unit tests."""
     children: dict[int, list[int]] = {}
     for pid, process in processes.items():
         children.setdefault(process["ppid"], []).append(pid)
-    vllm = {pid for pid, process in processes.items() if is_vllm_command(process["cmdline"])}
+    vllm = {pid for pid, process in processes.items() if process.get("serves") or is_vllm_command(process["cmdline"])}
 
     def below(pid: int) -> list[int]:
         found, todo = [], list(children.get(pid, []))
@@ -112,6 +139,132 @@ def launched_via(server: dict, processes: dict[int, dict]) -> list[str]:
     return list(dict.fromkeys(via))
 
 
+def start_epoch(stat: str, boot_time: float, ticks: int) -> float:
+    """/proc/PID/stat → when the process started (epoch seconds): its 22nd field, in clock ticks since boot."""
+    return round(boot_time + int(stat.rsplit(")", 1)[1].split()[19]) / ticks, 2)
+
+
+def tcp_address(hex_address: str) -> str:
+    """An address of /proc/net/tcp or tcp6 (`0100007F:1F40`: each 32-bit word as the host stores it, then the
+    port) written as ss writes it: `127.0.0.1:8000`, `[::]:8000`, `[::1]:8000`, `[::ffff:10.0.0.5]:8000`
+    (glibc's inet_ntop, which ss calls)."""
+    address, port = hex_address.split(":")
+    raw = b"".join(struct.pack("=I", int(address[index:index + 8], 16)) for index in range(0, len(address), 8))
+    if len(raw) == 4:
+        return "{}:{}".format(socket.inet_ntop(socket.AF_INET, raw), int(port, 16))
+    return "[{}]:{}".format(socket.inet_ntop(socket.AF_INET6, raw), int(port, 16))
+
+
+def tcp_sockets(text: str, state: str) -> list:
+    """/proc/net/tcp or tcp6 → (inode, local address, peer address) of each socket in `state` (LISTEN or
+    ESTABLISHED), the addresses as ss writes them (tcp_address)."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == TCP_STATES[state]:
+            found.append((int(fields[9]), tcp_address(fields[1]), tcp_address(fields[2])))
+    return found
+
+
+def listening_sockets(text: str) -> dict:
+    """/proc/net/tcp or tcp6 → {socket inode: its address} of the listening sockets."""
+    return {inode: local for inode, local, _ in tcp_sockets(text, "LISTEN")}
+
+
+def socket_inodes(links: list[str]) -> set[int]:
+    """The targets of /proc/PID/fd's links → the inodes of its sockets (`socket:[12345]`)."""
+    return {int(link[8:-1]) for link in links if link.startswith("socket:[") and link.endswith("]")}
+
+
+def vllm_objects(maps: str) -> dict | None:
+    """/proc/PID/maps → the vLLM package whose shared objects the process mapped: {"package": its folder,
+    "objects": [file names], "deleted": whether a mapped file was removed or replaced since}; None: none."""
+    package, objects, deleted = None, [], False
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        path = fields[5].strip() if len(fields) == 6 else ""
+        gone = path.endswith(" (deleted)")
+        match = VLLM_OBJECT.match(path[:-len(" (deleted)")] if gone else path)
+        if match:
+            package = package or match.group("package")
+            name = match.group(0)[len(match.group("package")) + 1:]
+            objects += [name] if name not in objects else []
+            deleted = deleted or gone
+    return {"package": package, "objects": objects, "deleted": deleted} if package else None
+
+
+def dist_version(names: list[str]) -> str | None:
+    """The names in a site-packages folder → the vllm version its dist-info gives (`vllm-0.11.0.dist-info`)."""
+    for name in sorted(names):
+        match = re.fullmatch(r"vllm-([^-]+)\.dist-info", name)
+        if match:
+            return match.group(1)
+    return None
+
+
+def vllm_api_shape(version: dict | None, models: dict | None) -> bool:
+    """Whether a port's answers to GET /version and GET /v1/models (no key) are vLLM's: /version's
+    {"version": …}, and /v1/models' list of models or the API key's 401 {"error": "Unauthorized"}."""
+    if not (version and version.get("status") == 200 and isinstance(version.get("json"), dict)
+            and "version" in version["json"]):
+        return False
+    body = (models or {}).get("json")
+    return isinstance(body, dict) and (body.get("object") == "list" or (
+        models.get("status") == 401 and body.get("error") == "Unauthorized"))
+
+
+def runs_argv(command: str, argv: list[str]) -> bool:
+    """Whether a crontab command (shell words, up to its first redirection or operator) runs `argv`: what `sh -c`
+    exec'd in its place (dash does for a simple last command), an interpreter's script first."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    cut = next((index for index, word in enumerate(words) if re.match(r"^(\d?[<>]|[|&;])", word)), len(words))
+    words = words[:cut]
+    if not words or len(argv) < len(words):
+        return False
+    programs = {os.path.basename(word) for word in argv[:2]}
+    return os.path.basename(words[0]) in programs and argv[len(argv) - len(words) + 1:] == words[1:]
+
+
+def crontab_entry(crontabs: dict[str, str], command: str | None = None, argv: list[str] | None = None) -> dict | None:
+    """The crontab line whose command is `command` (what cron gave `sh -c`) or runs `argv` (the process `sh`
+    exec'd): {"user", "schedule", "file"}; crontabs: {path: text}, a user's (/var/spool/cron/crontabs/USER: no
+    user field) or the system's (/etc/crontab, /etc/cron.d/*: a user field after the schedule). None: no line."""
+    for path, text in sorted(crontabs.items()):
+        system = not path.startswith(CRONTABS + "/")
+        for line in text.splitlines():
+            words = line.strip().split()
+            if not words or words[0].startswith("#") or "=" in words[0]:
+                continue
+            size = (1 if words[0].startswith("@") else 5) + (1 if system else 0)
+            fields = line.strip().split(None, size)
+            if len(fields) <= size:
+                continue
+            user = fields[size - 1] if system else path.rsplit("/", 1)[1]
+            schedule = " ".join(fields[:size - 1] if system else fields[:size])
+            run = fields[size].strip()
+            if (command is not None and run == command.strip()) or (argv is not None and runs_argv(run, argv)):
+                return {"user": user, "schedule": schedule, "file": path}
+    return None
+
+
+def script_of(argv: list[str]) -> str | None:
+    """A server whose command line is no vLLM command: the script its interpreter runs (`python3 launch.py`,
+    or the script itself where it was run by its #! line); None: `python3 -c`/`-m` or no script."""
+    words = list(argv)
+    if words and os.path.basename(words[0]).startswith("python"):
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            if words[0] in ("-c", "-m"):
+                return None
+            words = words[1:]
+    return words[0] if words else None
+
+
 # --------------------------------------------------------------------------- on the host
 
 
@@ -123,8 +276,42 @@ def _read(path: str, binary: bool = False):
         return None
 
 
+def boot_time() -> float:
+    for line in (_read(f"{PROC}/stat") or "").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def fd_links(pid: int):
+    """The targets of the process's open files (/proc/PID/fd's links); None: not readable (not root)."""
+    try:
+        names = os.listdir(f"{PROC}/{pid}/fd")
+    except FileNotFoundError:
+        return []  # gone meanwhile
+    except OSError:
+        return None
+    links = []
+    for name in names:
+        try:
+            links.append(os.readlink(f"{PROC}/{pid}/fd/{name}"))
+        except OSError:
+            pass  # closed meanwhile
+    return links
+
+
+def modified(path: str, stat=os.stat):
+    """The file's mtime; None: absent; its problem (`not read: Permission denied`) where it cannot be told."""
+    try:
+        return stat(path).st_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        return f"not read: {error.strerror}"
+
+
 def read_processes() -> dict[int, dict]:
-    processes = {}
+    processes, booted, ticks = {}, boot_time(), os.sysconf("SC_CLK_TCK")
     for name in os.listdir(PROC):
         if not name.isdigit():
             continue
@@ -141,6 +328,7 @@ def read_processes() -> dict[int, dict]:
             "uid": int(fields.get("Uid", "0").split()[1]),  # effective
             "sighup_ignored": bool(int(fields.get("SigIgn", "0").strip() or "0", 16) & 1),
             "dash_c": "-c" in cmdline[1:2],
+            "started": start_epoch(stat, booted, ticks),
         }
     return processes
 
@@ -186,18 +374,167 @@ def shares_namespace(pid: int, kind: str):
         return None
 
 
-def config_text(pid: int, argv: list[str]):
-    """The text of `--config FILE` (or `--config=FILE`) as the process reads it; None: none or unreadable."""
+def config_path(argv: list[str]):
+    """The FILE of `--config FILE` (or `--config=FILE`); None: none."""
     path = None
     for index, word in enumerate(argv):
         if word == "--config" and index + 1 < len(argv):
             path = argv[index + 1]
         elif word.startswith("--config="):
             path = word.split("=", 1)[1]
-    if not path:
+    return path or None
+
+
+def seen_by(pid: int, path: str) -> str:
+    """`path` as process `pid` sees it: through its root (an absolute path) or its working directory."""
+    return f"{PROC}/{pid}/root{path}" if path.startswith("/") else f"{PROC}/{pid}/cwd/{path}"
+
+
+def config_text(pid: int, argv: list[str]):
+    """The text of `--config FILE` (or `--config=FILE`) as the process reads it; None: none or unreadable."""
+    path = config_path(argv)
+    return _read(seen_by(pid, path)) if path else None
+
+
+def started_from(pid: int, argv: list[str]) -> dict:
+    """{path: modified} of the files the process was started from, as it sees them: its --config file and the
+    program its interpreter runs (`bin/vllm`, a launcher script: a venv replaced under it changes it)."""
+    return {path: modified(seen_by(pid, path)) for path in (config_path(argv), script_of(argv)) if path}
+
+
+def listening_by_inode() -> tuple:
+    """({socket inode: address} of the host's listening TCP sockets, [each table that could not be read]). A
+    kernel without IPv6 (ipv6.disable=1) has no tcp6 table, and no IPv6 socket: nothing is missing there."""
+    found, problems = {}, []
+    for path in (f"{PROC}/net/tcp", f"{PROC}/net/tcp6"):
+        text = _read(path)
+        if text is not None:
+            found.update(listening_sockets(text))
+        elif path.endswith("6") and not os.path.isdir(f"{PROC}/sys/net/ipv6"):
+            continue
+        else:
+            problems.append(f"{path} not read")
+    return found, problems
+
+
+def tree_listening(tree: list[int], listening: dict[int, str]):
+    """The addresses the processes of `tree` listen on (TCP); None: a process's open files could not be read."""
+    links = [fd_links(pid) for pid in tree]
+    if None in links:
         return None
-    where = f"{PROC}/{pid}/root{path}" if path.startswith("/") else f"{PROC}/{pid}/cwd/{path}"
-    return _read(where)
+    return sorted({listening[inode] for found in links for inode in socket_inodes(found) if inode in listening})
+
+
+def http_get(address: str, path: str) -> dict | None:
+    """GET `path` of the server at `address` (a listening address: every-interface ones asked on the loopback),
+    no key: {"status", "json"}; None: no answer (or not plain http)."""
+    import http.client
+
+    host, _, port = address.rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "[::]": "::1"}.get(host, host.strip("[]"))
+    try:
+        connection = http.client.HTTPConnection(host, int(port), timeout=API_PROBE_TIMEOUT_S)
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        body = answer.read(65536)
+        connection.close()
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    return {"status": answer.status, "json": parsed}
+
+
+def api_facts(addresses: list[str]) -> dict:
+    """{"address", "version", "vllm_api"} of the first address whose answers are vLLM's API; {} if none is."""
+    for address in addresses:
+        version, models = http_get(address, "/version"), http_get(address, "/v1/models")
+        if vllm_api_shape(version, models):
+            return {"address": address, "version": version["json"]["version"], "vllm_api": True}
+    return {}
+
+
+def imported_vllm(pid: int) -> dict | None:
+    """The vLLM the process mapped (vllm_objects) and the version of the dist-info beside it, as the process sees
+    its files (/proc/PID/root); None: it maps none; {"problem"}: its maps (or that folder) could not be read."""
+    maps = _read(f"{PROC}/{pid}/maps")
+    if maps is None:
+        return {"problem": f"/proc/{pid}/maps not read"}
+    mapped = vllm_objects(maps)
+    if mapped is None:
+        return None
+    site = mapped["package"].rsplit("/", 1)[0]
+    try:
+        names = os.listdir(f"{PROC}/{pid}/root{site}")
+    except OSError as error:
+        return {**mapped, "version": None, "problem": f"{site} not read: {error.strerror}"}
+    return {**mapped, "version": dist_version(names)}
+
+
+def crontabs() -> dict[str, str]:
+    paths = list(SYSTEM_CRONTABS)
+    for folder in (CRONTABS, SYSTEM_CRON_DIR):
+        try:
+            paths += [f"{folder}/{name}" for name in os.listdir(folder)]
+        except OSError:
+            pass
+    return {path: text for path in paths for text in [_read(path)] if text is not None}
+
+
+def cron_line(server: dict, processes: dict[int, dict]) -> dict | None:
+    """The crontab line that started a server cron runs (its `sh -c` ancestor's command, or the command line
+    `sh` exec'd), or None."""
+    child, parent = server["pid"], processes[server["pid"]]["ppid"]
+    while parent in processes and parent > 1:
+        process = processes[parent]
+        if LAUNCHERS.get(process["comm"]) == "cron":
+            below = processes[child]
+            if below.get("dash_c") and len(below["cmdline"]) > 2:
+                return crontab_entry(crontabs(), command=below["cmdline"][2])
+            return crontab_entry(crontabs(), argv=processes[server["pid"]]["cmdline"])
+        child, parent = parent, process["ppid"]
+    return None
+
+
+def mark_api_servers(processes: dict[int, dict], listening: dict[int, str]) -> list[int]:
+    """Mark "serves" on each process that serves vLLM's API though its command line is no vLLM command: a python
+    that listens, is no vLLM command line's child, and maps vLLM's shared objects or answers as vLLM's API does.
+    Returns the pids that could not be told (their program or open files not readable: not root)."""
+    commands = {pid for pid, process in processes.items() if is_vllm_command(process["cmdline"])}
+
+    def under_command(pid: int) -> bool:
+        seen = set()
+        while pid in processes and pid > 1 and pid not in seen:
+            seen.add(pid)
+            if pid in commands:
+                return True
+            pid = processes[pid]["ppid"]
+        return False
+
+    unread = []
+    for pid, process in processes.items():
+        if pid in commands or under_command(pid):
+            continue
+        try:
+            python = os.path.basename(os.readlink(f"{PROC}/{pid}/exe")).startswith("python")
+        except PermissionError:
+            unread.append(pid)
+            continue
+        except OSError:
+            continue  # a kernel thread, or gone meanwhile
+        addresses = tree_listening([pid], listening) if python else []
+        if addresses is None:
+            unread.append(pid)
+        if not addresses:
+            continue
+        mapped = vllm_objects(_read(f"{PROC}/{pid}/maps") or "")
+        api = api_facts(addresses)
+        if api or mapped:
+            process["serves"] = "maps" if mapped else "api"
+            process["api"] = api
+    return unread
 
 
 def user_name(uid: int) -> str:
@@ -209,24 +546,41 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
-def scan() -> dict:
-    processes = read_processes()
+def scan(request: dict | None = None) -> dict:
+    processes, (listening, unread_tables) = read_processes(), listening_by_inode()
+    unread = mark_api_servers(processes, listening)
+    problems = unread_tables + ([f"{len(unread)} processes not inspected (pids {', '.join(map(str, unread[:5]))}"
+                                 f"{', …' if len(unread) > 5 else ''}): their program or open files not read"]
+                                if unread else [])
     servers = []
     for server in group_servers(processes):
         pid, main = server["pid"], processes[server["pid"]]
+        addresses = None if unread_tables else tree_listening(server["tree"], listening)
+        imported = imported_vllm(pid)
+        api = main.get("api") or ({} if (imported or {}).get("version") else api_facts(addresses or []))
         server.update(
             uid=main["uid"], user=user_name(main["uid"]), cmdline=main["cmdline"],
             cgroup=cgroup_path(_read(f"{PROC}/{pid}/cgroup") or ""), via=launched_via(server, processes),
             shm_bytes=shm_bytes(pid), host_ipc=shares_namespace(pid, "ipc"),
             host_shm=shares_host_shm(pid), config=config_text(pid, main["cmdline"]),
+            started=main["started"], listening=addresses, found_by=main.get("serves") or "command line",
+            script=None if is_vllm_command(main["cmdline"]) else script_of(main["cmdline"]),
+            imported=imported, api_version=api.get("version"), cron=cron_line(server, processes),
+            files=started_from(pid, main["cmdline"]),
             **environment_facts(pid))
         servers.append(server)
-    return {
+    answer = {
         "parents": {str(pid): process["ppid"] for pid, process in processes.items()},
         "comm": {str(pid): process["comm"] for pid, process in processes.items()},
         "servers": servers,
+        "problems": problems,
     }
+    if request and request.get("files"):
+        answer["files"] = {path: modified(path, os.lstat) for path in request["files"]}  # a link's own time
+    return answer
 
 
 if __name__ == "__main__":
-    print(json.dumps(scan()))
+    import sys
+
+    print(json.dumps(scan(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)))

@@ -3,7 +3,8 @@
 
 A check takes any of `case` (the host, its expectations and the item), `facts` (what the host has, read in
 one round trip: provisioner/audit/engine.py) and `audit`, and calls `audit.expect(row, expected, actual)`:
-a difference raises `Drift` (the row fails); `audit.not_applicable(row, expected, reason)` makes it n/a.
+a difference raises `Drift` (the row fails); `audit.not_applicable(row, expected, reason)` makes it n/a;
+`audit.unknown(row, expected, why)` an error (what it compares could not be read).
 Its docstring is its entry in docs/audit-checks.md: a first line "`ROW NAME TEMPLATE` — what it compares."
 and a line "Modes: spec, profile." (or one of them).
 """
@@ -41,6 +42,11 @@ class Drift(AssertionError):
 
 class NotApplicable(Exception):
     """The check does not apply on this host (a live kernel parameter in a container…)."""
+
+
+class Unknown(RuntimeError):
+    """What the check compares could not be read on the host (a file not readable): its row is an error that
+    says so, never a pass nor a claim that the thing is absent."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,11 @@ class Audit:
     def not_applicable(self, check: str, expected: Any, reason: str) -> None:
         self._record(check, expected, f"n/a: {reason}")
         raise NotApplicable(reason)
+
+    def unknown(self, check: str, expected: Any, why: str) -> None:
+        """The row's actual value could not be read: `unknown: WHY`, an error."""
+        self._record(check, expected, f"unknown: {why}")
+        raise Unknown(f"{check}: unknown: {why}")
 
 
 def once_per_host(expected: dict[str, Any]) -> list[None]:

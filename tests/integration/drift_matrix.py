@@ -13,6 +13,7 @@ An entry (Drift):
   tags     the roles whose run repairs it (apply --tags); () runs the whole site
   refused  None: the next apply repairs it. A text: the next apply stops instead, and its error
            holds this text (the fix); `fix` is then what the user runs, after which apply succeeds.
+  twice    a second apply of the same roles after the repair changes nothing (asserted where set)
   heals_by_itself  systemd repairs it on its own (a unit restarting its killed server): the audit
            passes again within a minute, and the next apply finds nothing to change.
 
@@ -28,6 +29,13 @@ from provisioner.base.paths import role_dir
 from tests.doubles.nvidia_smi_standin import FAIL_AT_BOOT
 
 UNIT = "vllm-chat.service"
+# the boot-time drifts of /dev/shm and nouveau (issue 35, point 4): what decides them at the next boot
+OUR_FSTAB_LINE = "tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=1G 0 0"
+OTHER_FSTAB_LINE = "tmpfs /dev/shm tmpfs defaults,size=128M 0 0"
+SHM_DROPIN = "/etc/systemd/system/dev-shm.mount.d/size.conf"
+NOUVEAU_FLAGS = "nouveau.modeset=0 rd.driver.blacklist=nouveau modprobe.blacklist=nouveau"
+NOUVEAU_GRUB = "nouveau on the kernel command line GRUB builds"
+NOT_OURS = "it is not vllm-provision's file to change"
 SYSCTL_FILE = "/etc/sysctl.d/60-vllm-provision.conf"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 RELOAD_AND_RESTART = f"systemctl daemon-reload && systemctl restart {UNIT}"
@@ -50,10 +58,17 @@ OTHER_VLLM_WHEEL = f"/root/vllm-{OTHER_VLLM_VERSION}-py3-none-any.whl"
 SERVER_DOWN = {
     f"{UNIT}: listening": ("{address}:8000", "nothing on port 8000"),
     f"{UNIT}: GET http://{{address}}:8000/health": ("200", "{address}: connect: Connection refused"),
-    f"{UNIT}: GET http://{{address}}:8000/v1/models": ("Qwen/Qwen3-1.7B", "{address}: connect: Connection refused"),
+    f"{UNIT}: GET http://{{address}}:8000/v1/models": ("Qwen/Qwen3-1.7B", "{address}: connect: Connection refused"
+                                                                          " (key: the spec's api_key_file)"),
     f"{UNIT}: ready (one request served)": ("ready", "http://{address}:8000 (Qwen/Qwen3-1.7B) not ready (last: [Errno 111]"
                                                      " Connection refused)"),
+    f"{UNIT}: restart pending": ("none: the process started after its files changed",
+                                 "no running server to compare with its files"),
+    f"{UNIT}: vLLM running": ("0.25.0", "no running server"),
 }
+# the restart pending rows: times and pids as test_drift_matrix.py shows them (TIME, PID)
+RESTART_PENDING = f"{UNIT}: restart pending"
+NO_RESTART = "none: the process started after its files changed"
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class Drift:
     refused: str | None = None
     fix: str = ""
     heals_by_itself: bool = False  # systemd repairs it before any apply could (a killed server's unit restarts it)
+    twice: bool = False  # a second apply after the repair is asserted to change nothing
 
     def expected_rows(self, **context: str) -> dict[str, tuple[str, str]]:
         return {check.format(**context): (expected.format(**context), actual.format(**context))
@@ -83,6 +99,53 @@ DRIFTS: list[Drift] = [
           "mount -o remount,size=512M /dev/shm",
           {"/dev/shm size": (f"{1024 ** 3} bytes (1G)", f"{512 * 1024 ** 2} bytes")},
           "remounts it at the spec's size", tags=("shm",)),
+    Drift("another /dev/shm line before ours in /etc/fstab (the first decides the size after a reboot)",
+          f"sed -i '1i {OTHER_FSTAB_LINE}' /etc/fstab",
+          {"/dev/shm in /etc/fstab": (OUR_FSTAB_LINE, f"{OTHER_FSTAB_LINE}, {OUR_FSTAB_LINE}"),
+           "/dev/shm size at boot": (f"{1024 ** 3} bytes (1G)",
+                                     f"{128 * 1024 ** 2} bytes (/etc/fstab line 1, size=128M)")},
+          "keeps our line alone, where the first /dev/shm line was", tags=("shm",), twice=True),
+    Drift("another /dev/shm line after ours in /etc/fstab",
+          f"echo '{OTHER_FSTAB_LINE}' >> /etc/fstab",
+          {"/dev/shm in /etc/fstab": (OUR_FSTAB_LINE, f"{OUR_FSTAB_LINE}, {OTHER_FSTAB_LINE}")},
+          "removes the other line", tags=("shm",), twice=True),
+    Drift("a dev-shm.mount drop-in sets the mount's options",
+          f"mkdir -p {SHM_DROPIN.rsplit('/', 1)[0]} && printf '[Mount]\\nOptions=mode=1777,size=64M\\n' > {SHM_DROPIN}"
+          " && systemctl daemon-reload",
+          {"/dev/shm mount unit": ("no file that sets dev-shm.mount's options",
+                                   f"{SHM_DROPIN} sets Options=mode=1777,size=64M")},
+          "stops before changing anything: the drop-in is not the role's", tags=("shm",),
+          refused=f"{SHM_DROPIN} sets Options=mode=1777,size=64M for dev-shm.mount", twice=True,
+          fix=f"rm -r {SHM_DROPIN.rsplit('/', 1)[0]} && systemctl daemon-reload"),
+    # ------------------------------------------------------------------ nouveau at the next boot (role nouveau)
+    Drift("another modprobe.d file sets nouveau modeset=1",
+          "echo 'options nouveau modeset=1' > /etc/modprobe.d/zz-nouveau-kms.conf",
+          {"nouveau modprobe.d: modeset": ("0", "1 (/etc/modprobe.d/zz-nouveau-kms.conf line 1)")},
+          "stops before changing anything, naming the file and its line", tags=("nouveau",), twice=True,
+          refused=f"/etc/modprobe.d/zz-nouveau-kms.conf decides 'nouveau modprobe.d: modeset' (1 (/etc/modprobe.d/"
+                  f"zz-nouveau-kms.conf line 1), expected 0): {NOT_OURS}; remove the line 'options nouveau modeset=1'",
+          fix="rm /etc/modprobe.d/zz-nouveau-kms.conf"),
+    Drift("nouveau.modeset=1 in /etc/default/grub",
+          "echo 'GRUB_CMDLINE_LINUX_DEFAULT=\"quiet nouveau.modeset=1\"' >> /etc/default/grub",
+          {NOUVEAU_GRUB: (NOUVEAU_FLAGS,
+                          "nouveau.modeset=1 last, from /etc/default/grub line 1 (GRUB_CMDLINE_LINUX_DEFAULT)")},
+          "stops before changing anything, naming the file and its line", tags=("nouveau",), twice=True,
+          refused=f"/etc/default/grub decides '{NOUVEAU_GRUB}'",
+          fix="sed -i '/nouveau.modeset=1/d' /etc/default/grub"),
+    Drift("nouveau.modeset=1 in a later /etc/default/grub.d file",
+          "echo 'GRUB_CMDLINE_LINUX=\"$GRUB_CMDLINE_LINUX nouveau.modeset=1\"' > /etc/default/grub.d/90-local.cfg",
+          {NOUVEAU_GRUB: (NOUVEAU_FLAGS,
+                          "nouveau.modeset=1 last, from /etc/default/grub.d/90-local.cfg line 1 (GRUB_CMDLINE_LINUX)")},
+          "stops before changing anything, naming the file and its line", tags=("nouveau",), twice=True,
+          refused=f"/etc/default/grub.d/90-local.cfg decides '{NOUVEAU_GRUB}'",
+          fix="rm /etc/default/grub.d/90-local.cfg"),
+    Drift("nouveau loaded at boot by modules-load.d",
+          "echo nouveau > /etc/modules-load.d/gpu.conf",
+          {"nouveau in modules-load.d": ("none", "/etc/modules-load.d/gpu.conf line 1: nouveau")},
+          "stops before changing anything, naming the file and its line", tags=("nouveau",), twice=True,
+          refused=f"/etc/modules-load.d/gpu.conf decides 'nouveau in modules-load.d' (/etc/modules-load.d/gpu.conf"
+                  f" line 1: nouveau, expected none): {NOT_OURS}; remove the line 'nouveau'",
+          fix="rm /etc/modules-load.d/gpu.conf"),
     # ------------------------------------------------------------------ GPU (role nvidia_gpu; the TEST DOUBLE nvidia-smi keeps its state)
     Drift("GPU power limit lowered",
           "nvidia-smi -pl 300",
@@ -169,7 +232,9 @@ DRIFTS: list[Drift] = [
           "enables it again (the power limits come back at the next boot)", tags=("nvidia_gpu",)),
     Drift("another vLLM version installed in the venv",
           f"/opt/vllm/venvs/0.25.0/bin/pip install -q --no-index {OTHER_VLLM_WHEEL}",
-          {"vLLM in /opt/vllm/venvs/0.25.0": ("0.25.0", "0.33.0")},
+          {"vLLM in /opt/vllm/venvs/0.25.0": ("0.25.0", "0.33.0"),
+           RESTART_PENDING: (NO_RESTART, "restart pending: /opt/vllm/venvs/0.25.0/bin/vllm (changed TIME), after"
+                                         " pid PID started TIME")},
           "installs the pinned version again, restarts the instances on it", tags=("vllm_install", "vllm_service")),
     Drift("a managed script edited",
           f"echo '# local change' >> {WAIT_READY}",
@@ -188,7 +253,8 @@ DRIFTS: list[Drift] = [
           f"sed -i 's/^Description=.*/Description=my chat server/' {UNIT_FILE} && systemctl daemon-reload",
           {f"file {UNIT_FILE}": ("as rendered (51 lines, root:root 0644)",
                                  "line 3: 'Description=my chat server' instead of "
-                                 "'Description=vLLM chat: Qwen/Qwen3-1.7B on port 8000' (root:root 0644)")},
+                                 "'Description=vLLM chat: Qwen/Qwen3-1.7B on port 8000' (root:root 0644)"),
+           RESTART_PENDING: (NO_RESTART, f"restart pending: {UNIT_FILE} (changed TIME), after pid PID started TIME")},
           "rewrites the unit, restarts it", tags=("vllm_service",)),
     # the driver not up when the boot unit ran (the TEST DOUBLE nvidia-smi fails every call while FAIL_AT_BOOT
     # is high), its retries stopped; the start limit is reset first, so that the runs before count for nothing
@@ -223,6 +289,7 @@ def markdown() -> str:
     for drift in DRIFTS:
         rows = "<br>".join(f"`{check}` — {expected} → {actual}" for check, (expected, actual) in drift.rows.items())
         repair = drift.repair if drift.refused is None else f"stops: {drift.refused} (fix: `{drift.fix}`)"
+        repair += "; a second apply changes nothing" if drift.twice else ""
         lines.append(f"| {drift.name} | `{drift.plant.replace('|', '&#124;')}` | {rows.replace('|', '&#124;')} | {repair} |")
     return "\n".join(lines) + "\n"
 

@@ -190,7 +190,8 @@ def test_profile_mode_finds_our_unit_and_reports_its_settings(applied):
     assert checks[f"{UNIT}: ExecStart"]["actual"] == "/opt/vllm/venvs/0.25.0/bin/vllm serve --config /etc/vllm/chat.yaml"
     # where it listens and what it serves: read from that config file
     assert checks[f"{UNIT}: listening"]["actual"] == f"{host.address}:8000"
-    assert checks[f"{UNIT}: GET http://{host.address}:8000/v1/models"]["actual"] == MODEL
+    assert checks[f"{UNIT}: GET http://{host.address}:8000/v1/models"]["actual"] == (
+        f"{MODEL} (key: VLLM_API_KEY of pid {main_pid(host)})")  # no spec: the process's own key, and where from
     assert checks[f"{UNIT}: ready (one request served)"]["status"] == "passed"
     assert checks["sysctl at boot: vm.swappiness"]["status"] == "passed"
     assert checks["sysctl live: vm.swappiness"]["status"] == "n/a"
@@ -261,7 +262,8 @@ def test_profile_mode_on_a_server_we_did_not_build(audited_boot, tmp_path):
     # what it serves is reported, and answers (the API key is read from the process on the host)
     models = "my-llm.service: GET http://127.0.0.1:8000/v1/models"  # bound to every address: asked on the loopback
     assert checks[models]["status"] == "passed", checks[models]
-    assert checks[models]["actual"] == "facebook/opt-125m"
+    pid = host.ssh("systemctl show -p MainPID --value my-llm.service").stdout.strip()
+    assert checks[models]["actual"] == f"facebook/opt-125m (key: the api-key option on the command line of pid {pid})"
     # the readiness probe finds the key on the command line too, and gets a completion served
     assert checks["my-llm.service: ready (one request served)"]["status"] == "passed", checks[
         "my-llm.service: ready (one request served)"]

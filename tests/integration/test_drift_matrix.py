@@ -9,6 +9,7 @@ the roles that the drift's entry names (apply --tags), as a user fixing that one
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_drift_alone_fails_exactly_its_rows_check_mode_predicts_the_repair_and
     host.ssh(drift.plant)
     exited = host.ssh(f"systemctl show -p ExecMainExitTimestamp --value {GPU_BOOT_UNIT}").stdout.strip()
     expected = drift.expected_rows(address=host.address, uuid=fake_gpu_uuid(host), unit=UNIT, exited=exited)
-    assert failing_rows(spec) == expected
+    assert timeless(failing_rows(spec)) == expected
 
     tags = Controls(tags=drift.tags)
     if drift.heals_by_itself:
@@ -67,7 +68,7 @@ def test_a_drift_alone_fails_exactly_its_rows_check_mode_predicts_the_repair_and
         assert apply_spec(spec, controls=tags).changed == 0
         return
     predicted = apply_spec(spec, check=True, controls=tags)
-    assert failing_rows(spec) == expected, "check mode changed the host"
+    assert timeless(failing_rows(spec)) == expected, "check mode changed the host"
     if drift.refused is not None:
         assert not predicted.succeeded and drift.refused in said(predicted), said(predicted)
         server = main_pid(host)
@@ -75,7 +76,7 @@ def test_a_drift_alone_fails_exactly_its_rows_check_mode_predicts_the_repair_and
         assert not refused.succeeded, "apply went on where it must stop"
         assert drift.refused in said(refused), said(refused)
         assert refused.changed == 0 and main_pid(host) == server, "apply stopped, but changed the host"
-        assert failing_rows(spec) == expected
+        assert timeless(failing_rows(spec)) == expected
         host.ssh(drift.fix)
         predicted = apply_spec(spec, check=True, controls=tags)
     assert predicted.succeeded, predicted.problems
@@ -83,3 +84,14 @@ def test_a_drift_alone_fails_exactly_its_rows_check_mode_predicts_the_repair_and
     assert repair.succeeded, repair.problems
     assert predicted.changed == repair.changed, (predicted.changed, repair.changed)
     assert failing_rows(spec) == {}
+    if drift.twice:
+        assert apply_spec(spec, controls=tags).changed == 0, "the second apply changed the host"
+
+
+def timeless(rows: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """The rows with the times and pids of `restart pending` rows as the matrix writes them (TIME, PID)."""
+    def shown(text: str) -> str:
+        return re.sub(r"pid \d+", "pid PID", re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "TIME", text))
+
+    return {check: (expected, shown(actual) if check.endswith(": restart pending") else actual)
+            for check, (expected, actual) in rows.items()}

@@ -48,6 +48,9 @@ FLAGS = ("nouveau.modeset=0", "rd.driver.blacklist=nouveau", "modprobe.blacklist
 SHM_BYTES = 1 << 30  # host_entry's shm_size: 1G
 # planted before the first apply: a later sysctl.d file that would win at boot; apply must neutralise it
 OVERRIDE = "/etc/sysctl.d/99-zz-override.conf"
+# planted before the first apply too: two /dev/shm lines of 128M (the first one decides the size after a reboot);
+# apply must leave our line alone in fstab, so that the reboot below brings /dev/shm up at SHM_BYTES
+OTHER_SHM_LINE = "tmpfs /dev/shm tmpfs defaults,size=128M 0 0"
 # what a run may write without changing the host: logs, journals, caches, Ansible's own temp files
 VOLATILE = ("/run", "/var/log", "/var/lib/systemd", "/var/cache", "/var/tmp", "/tmp", "/root", "/var/lib/apt", "/var/lib/dpkg")
 FILES_WRITTEN_SINCE_MARKER = (
@@ -92,6 +95,7 @@ def history(vm, spec):
     """Check mode, apply, apply again, then the audit before the reboot: what each did, for the tests."""
     record = {"swappiness before": vm.ssh("cat /proc/sys/vm/swappiness").stdout.strip()}
     vm.ssh(f"printf 'vm.swappiness = 60\\n' > {OVERRIDE}")
+    vm.ssh(f"sed -i '1i {OTHER_SHM_LINE}' /etc/fstab && echo '{OTHER_SHM_LINE}' >> /etc/fstab")
     vm.ssh("touch /run/vp-marker && sleep 1")
     started = time.monotonic()
     record["check"] = apply_spec(spec, check=True, controls=KERNEL_ROLES)
@@ -107,6 +111,7 @@ def history(vm, spec):
     started = time.monotonic()
     record["apply again"] = apply_spec(spec, controls=KERNEL_ROLES)
     timed("second apply", started)
+    record["fstab /dev/shm lines"] = vm.ssh("awk '$2 == \"/dev/shm\"' /etc/fstab").stdout.splitlines()
     record["audit before reboot"] = audit(spec)
     return record
 
@@ -146,6 +151,7 @@ def test_check_mode_reports_changes_and_writes_nothing(history):
 
 def test_converges_then_a_second_apply_changes_nothing(history):
     assert history["apply"].succeeded, history["apply"].problems
+    assert history["fstab /dev/shm lines"] == ["tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=1G 0 0"]
     assert history["apply"].changed > 0
     assert history["apply again"].succeeded, history["apply again"].problems
     assert history["apply again"].changed == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,8 +36,8 @@ from provisioner.audit.expectations import (
     load_profile,
     profile_expectations,
 )
-from provisioner.vllm.serve_args import command_options, config_options, memory_share
 from provisioner.audit.processes import group_servers, is_vllm_command, launched_via
+from provisioner.vllm.serve_args import command_options, config_options, memory_share
 from tests.doubles import nvidia_smi_standin
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -258,8 +259,8 @@ def test_the_scan_reads_a_real_process_tree_and_only_the_cuda_variables(tmp_path
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            run = subprocess.run([sys.executable, str(Path(processes.__file__))], capture_output=True, text=True,
-                                 timeout=30)
+            run = subprocess.run(own_network([sys.executable, str(Path(processes.__file__))]), capture_output=True,
+                                 text=True, timeout=30)
             scan, problem = process_scan(Output(run.stdout, run.returncode))
             mine = [found for found in scan["servers"] if found["pid"] == server.pid]
             if mine and len(mine[0]["tree"]) == 2:
@@ -279,6 +280,16 @@ def test_the_scan_reads_a_real_process_tree_and_only_the_cuda_variables(tmp_path
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def own_network(command: list[str]) -> list[str]:
+    """`command` in a network namespace of its own: the scan asks the API of each server it finds listening,
+    and must ask none of this machine's (a namespace sees only its own sockets). Skips where none can be made."""
+    prefix = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user"]
+    if shutil.which("unshare") is None or shutil.which("ip") is None or subprocess.run(
+            [*prefix, "ip", "link", "set", "lo", "up"], capture_output=True).returncode != 0:
+        pytest.skip("no network namespace of its own for the scan here (unshare, ip)")
+    return [*prefix, *command]
 
 
 def same_namespace_as_pid_1(kind: str):

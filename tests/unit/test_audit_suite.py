@@ -166,7 +166,8 @@ def test_every_concern_reads_its_facts_in_the_one_script_and_parses_them():
     spec = load_spec(EXAMPLES_DIR / "seed1-3090.yml")
     (target,) = spec_targets(spec)
     commands = host_commands(target.expected)
-    assert {"virt", "sysctl", "modprobe", "fstab", "listening", "unit0", "gpu", "gpu_boot_unit", "managed0"} <= set(commands)
+    assert {"virt", "sysctl", "boot_files", "mountinfo", "shm_statfs", "tcp_table", "tcp6_table", "unit0", "gpu",
+            "gpu_boot_unit", "managed0"} <= set(commands)
     facts = parse_facts(target.expected, {name: Output("", 1) for name in commands} | {
         "sysctl": Output("[]", 0), "page_size": Output("4096", 0)})
     assert facts.problems == {} and facts.container is None and facts.units["vllm-qwen7b.service"].shown == {}

@@ -6,6 +6,8 @@ systemd; the lab tests run the real ones on systemd-nspawn hosts and the qemu VM
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -137,3 +139,36 @@ def test_nvidia_gpu_reads_both_units_in_one_round_trip(tmp_path, persistenced_st
         values[name] = evaluate(role_vars("nvidia_gpu")[name], values)
     assert (values["_nvidia_gpu_persistenced"], values["_nvidia_gpu_persistenced_up"],
             values["_nvidia_gpu_boot_unit_up"]) == (persistenced, persistenced_up, boot_unit_up)
+
+
+SHM_READ = "Read the page size and the live size of /dev/shm"
+
+
+def shm_read(tmp_path: Path, mountinfo: str = "/proc/self/mountinfo") -> dict:
+    """The role's read run here with sh, getconf and stat alone on PATH (no findmnt), `mountinfo` read for the
+    mounts; what the role's variables make of it for shm_size 1G."""
+    for tool in ("sh", "getconf", "stat"):
+        (tmp_path / "bin").mkdir(exist_ok=True)
+        (tmp_path / "bin" / tool).symlink_to(shutil.which(tool))
+    (script,) = [word for word in task("shm", SHM_READ)["ansible.builtin.command"]["argv"] if "\n" in word]
+    done = subprocess.run(["sh", "-c", script.replace("/proc/self/mountinfo", mountinfo)], capture_output=True,
+                          text=True, env={"PATH": str(tmp_path / "bin")})
+    values = {"shm_size": "1G", "_shm_live": {"rc": done.returncode, "stdout_lines": done.stdout.splitlines()}}
+    for name in ("_shm_size_bytes", "_shm_page_size", "_shm_live_size", "_shm_needs_mount", "_shm_needs_remount"):
+        values[name] = evaluate(role_vars("shm")[name], values)
+    return values
+
+
+def test_shm_reads_the_live_size_as_statfs_gives_it_without_findmnt(tmp_path):
+    values = shm_read(tmp_path)
+    statfs = os.statvfs("/dev/shm")
+    assert int(values["_shm_live_size"]) == statfs.f_frsize * statfs.f_blocks
+    assert int(values["_shm_page_size"]) == os.sysconf("SC_PAGE_SIZE")
+    assert values["_shm_needs_mount"] is False
+    assert values["_shm_needs_remount"] is (statfs.f_frsize * statfs.f_blocks != 1 << 30)
+
+
+def test_shm_not_mounted_needs_a_mount_and_no_remount(tmp_path):
+    (tmp_path / "mountinfo").write_text("24 22 0:5 / /dev rw,nosuid - devtmpfs udev rw,mode=755\n")
+    values = shm_read(tmp_path, str(tmp_path / "mountinfo"))
+    assert (values["_shm_needs_mount"], values["_shm_needs_remount"], values["_shm_live_size"]) == (True, False, "")

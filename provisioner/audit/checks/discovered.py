@@ -11,6 +11,8 @@ the servers' memory shares on it add up. Spec mode has no discovery: these check
 
 from provisioner.audit.expectations import BIND, NOT_ROOT, SHARES, SUPERVISED
 from provisioner.audit.registry import REPORTED, UNSET, each
+from provisioner.audit.running import NO_RESTART_PENDING
+from provisioner.audit.sockets import listening_on
 
 discovery = each(lambda expected: [expected] if "containers" in expected else [], ids=lambda _: "discovery")
 containers = each(lambda expected: expected.get("containers", {}).get("found", []), ids=lambda found: found["name"])
@@ -204,7 +206,7 @@ def process_listening(case, facts, audit):
     """
     server = case.item
     port = server["listen"].rsplit(":", 1)[1]
-    on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == port)
+    on_port = listening_on(audit, facts, f"{server['name']}: listening", server["listen"], port)
     audit.expect(f"{server['name']}: listening", server["listen"], on_port or f"nothing on port {port}",
                  passed=server["listen"] in on_port)
 
@@ -223,6 +225,40 @@ def server_shm(case, audit):
         return
     audit.expect(check, f"at least {shm['bytes']} bytes ({shm['size']})", f"{seen} bytes (its own /dev/shm)",
                  passed=seen is not None and seen >= shm["bytes"])
+
+
+@servers
+def server_started_by(case, audit):
+    """`SERVER: started by` — how the server was started, whatever started it: systemd unit, transient unit, user unit of USER, a crontab line (`root's crontab (@reboot)`), tmux/screen, nohup, a shell, a script, a container (reported).
+
+    Modes: profile.
+    """
+    audit.expect(f"{case.item['name']}: started by", REPORTED, case.item["started_by"])
+
+
+@servers
+def server_restart_pending(case, audit):
+    """`SERVER: restart pending` — the server's running process against the files it was started from (its --config file, the program or launcher script it runs): none changed after the process started.
+
+    Modes: profile.
+
+    The rows that read its --config file read the file as it is now: with a restart pending, the server may run
+    other values (`restart pending: /etc/vllm/chat.yaml (changed TIME), after pid N started TIME`). A file whose
+    time could not be read makes the row an error that names it.
+    """
+    check, restart = f"{case.item['name']}: restart pending", case.item["restart"]
+    if restart["passed"] is None:
+        audit.unknown(check, NO_RESTART_PENDING, restart["actual"])
+    audit.expect(check, NO_RESTART_PENDING, restart["actual"], passed=restart["passed"])
+
+
+@servers
+def server_vllm(case, audit):
+    """`SERVER: vLLM running` — the vLLM version the server's process imported: its maps (vLLM's shared objects, the dist-info beside them, `(deleted)` where replaced since), else its API's /version (reported).
+
+    Modes: profile.
+    """
+    audit.expect(f"{case.item['name']}: vLLM running", REPORTED, case.item["version"])
 
 
 @servers

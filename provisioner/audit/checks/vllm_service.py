@@ -5,6 +5,12 @@ its `vllm serve --config` file, and the server answering on its address.
 Spec mode expects what the role's template renders for the instance; profile mode applies the
 profile's rules to each unit that discovery found. A unit systemd did not load (masked, not found, a bad
 setting) fails its `unit file` row, which says what and how to fix it; its other rows are n/a.
+
+What runs, beside the files (spec mode): each unit's process against the files it was started from and the
+vLLM it imported, and every vLLM server or GPU process on the host that the spec does not declare
+(provisioner/audit/processes.py reads them on the host, provisioner/audit/running.py compares). The API
+probes ask with the key the spec declares (read here, sent on the SSH session's standard input), never
+the server's own: profile mode, which has no spec, asks with the server's own key and says where it came from.
 """
 
 import base64
@@ -15,6 +21,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.audit import running
+from provisioner.audit.discovery import compute_apps, parsed_config, process_scan, processes_command, supervision
 from provisioner.audit.engine import Output
 from provisioner.audit.expectations import TIME_SPANS
 from provisioner.audit.instance_files import (
@@ -27,19 +35,23 @@ from provisioner.audit.instance_files import (
     expect_env_file_owner,
     http_answers,
     http_probe_command,
+    key_source,
 )
 from provisioner.audit.registry import REPORTED, UNSET, each, matches, shown
+from provisioner.audit.sockets import COMMANDS as TCP_TABLES
+from provisioner.audit.sockets import connected, listening_on, read_tables
 from provisioner.audit.text import environment_words, shown_argv
 from provisioner.base.module_utils import (
     systemd_dropins as dropins,  # the role's module judges drop-ins with the same code
 )
 from provisioner.base.paths import role_dir
-from provisioner.base.secrets import REDACTED, is_secret_name, shown_command
-from provisioner.vllm.serve_args import bracketed
+from provisioner.base.secrets import REDACTED, is_secret_name, read_api_key, shown_command
+from provisioner.vllm.serve_args import bracketed, command_options, config_options
 
 READY_PROBE = role_dir("vllm_service") / "files" / "wait-ready"  # the units' own readiness probe
 UNIT_STATE = ("LoadState", "LoadError", "FragmentPath", "UnitFileState", "ActiveState", "SubState", "NeedDaemonReload",
-              "Environment", "ExecStart", "DropInPaths")
+              "Environment", "ExecStart", "DropInPaths", "MainPID")
+COMPUTE_APPS = "{smi} --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
 
 
 @dataclass
@@ -60,21 +72,56 @@ class UnitFacts:
 
 
 def commands(expected):
-    found = {"listening": "ss -Hltn"}
-    if any(unit.get("group") for unit in expected["units"]):  # the nodes of multi-node instances: their connections
-        found["established"] = "ss -Htn state established"
+    found = dict(TCP_TABLES)  # the listening sockets and the established connections (multi-node instances)
     for index, unit in enumerate(expected["units"]):
         found.update(unit_commands(index, unit))
+    if expected.get("running"):
+        found.update(running_commands(expected))
     return found
+
+
+def secrets(expected):
+    """Spec mode: per unit, the API key the spec declares ('' for none), which its probes ask with."""
+    return {key_variable(index): read_api_key(unit["api_key"]["file"]) if unit["api_key"]["file"] else ""
+            for index, unit in enumerate(expected["units"]) if "api_key" in unit}
+
+
+def key_variable(index: int) -> str:
+    return f"vp_api_key{index}"
 
 
 def read(expected, out):
     return {
-        "listening": {line.split()[3] for line in out["listening"].text.splitlines() if len(line.split()) > 3},
-        # (local address, peer address) of each established TCP connection; read where a unit is a multi-node node
-        "established": connections(out["established"]) if "established" in out else [],
+        **read_tables(out),
         "units": {unit["name"]: parse_unit(index, out) for index, unit in enumerate(expected["units"])},
+        **(read_running(out) if expected.get("running") else {}),
     }
+
+
+def running_commands(expected) -> dict[str, str]:
+    """The running servers (with the times of each unit's files and the venv's `current` link) and, where GPUs
+    are expected, the GPU processes."""
+    files = [path for unit in expected["units"] for path in unit["started_from"]]
+    files += [expected["vllm_install"]["current"]] if expected.get("vllm_install") else []
+    found = {"processes": processes_command({"files": files})}
+    if expected.get("gpu") or expected.get("driver"):
+        nvidia_smi = (expected.get("gpu") or expected["driver"])["nvidia_smi"]
+        found["compute_apps"] = COMPUTE_APPS.format(smi=shlex.quote(nvidia_smi))
+    return found
+
+
+def read_running(out) -> dict[str, Any]:
+    """processes.py's answer (or why it could not be read) and the GPU processes (None: not read, or not asked)."""
+    scan, problem = process_scan(out["processes"])
+    apps = out.get("compute_apps")
+    return {"processes": None if problem else scan, "processes_problem": problem,
+            "compute_apps": compute_apps(apps.text) if apps is not None and apps.rc == 0 else None,
+            "compute_apps_problem": last_line(apps) if apps is not None and apps.rc != 0 else None}
+
+
+def last_line(out: Output) -> str:
+    lines = out.text.strip().splitlines()
+    return f"exit {out.rc}: {lines[-1] if lines else 'no output'}"
 
 
 def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
@@ -90,8 +137,10 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
         ),
     }
     headless = bool((unit.get("group") or {}).get("headless"))  # a follower node: no API to ask
+    # spec mode: the probes ask with the key the spec declares (a secret read from stdin), never the server's own
+    key = key_variable(index) if "api_key" in unit else None
     if not headless:
-        found[f"http{index}"] = http_probe_command(name, unit["url"])
+        found[f"http{index}"] = http_probe_command(name, unit["url"], key)
     # each drop-in systemd applies: its path, then its content in base64 (one line: no framing to escape)
     found[f"dropins{index}"] = (
         f"for file in $(systemctl show {name} -p DropInPaths --value); do echo \"$file\"; base64 -w0 \"$file\" 2>/dev/null; echo; done")
@@ -99,23 +148,15 @@ def unit_commands(index: int, unit: dict[str, Any]) -> dict[str, str]:
         f"for file in $(systemctl show {name} -p DropInPaths --value); do stat -c '%a %n' \"$file\"; done")
     # one real request through the same probe the unit runs before it turns active
     found[f"ready{index}"] = "true" if headless else (
-        f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())} --base-url {shlex.quote(unit['url'])}"
-        f" --model {shlex.quote(unit['served_names'][0])} --timeout {PROBE_TIMEOUT_S} --once --key-from-unit {name}")
+        (f'VLLM_API_KEY="${key}" ' if key else "")
+        + f"timeout {PROBE_TIMEOUT_S + 2} python3 -c {shlex.quote(READY_PROBE.read_text())}"
+        f" --base-url {shlex.quote(unit['url'])} --model {shlex.quote(unit['served_names'][0])}"
+        f" --timeout {PROBE_TIMEOUT_S} --once"
+        + ("" if key else f" --key-from-unit {name}"))
     if unit.get("env_file"):
         found[f"env_file{index}"] = env_file_command(unit["env_file"]["path"])
     if unit.get("config_file"):
         found[f"config{index}"] = f"cat {shlex.quote(unit['config_file']['path'])}"
-    return found
-
-
-def connections(out: Output) -> list[tuple[str, str]]:
-    """(local, peer) of `ss -Htn state established`'s lines (a State column first, where ss shows one)."""
-    found = []
-    for line in out.text.splitlines():
-        words = line.split()
-        words = words[1:] if words and words[0].isalpha() else words
-        if len(words) > 3:
-            found.append((words[2], words[3]))
     return found
 
 
@@ -126,7 +167,8 @@ def parse_unit(index: int, out: dict[str, Output]) -> UnitFacts:
     stat, sha256 = env_file_stat(out.get(f"env_file{index}"))
     config = out.get(f"config{index}")
     http = out.get(f"http{index}")
-    return UnitFacts(shown_state, environment, stat, sha256, http_answers(http.text) if http else {},
+    answers = {**http_answers(http.text), **key_source(http.text)} if http else {}
+    return UnitFacts(shown_state, environment, stat, sha256, answers,
                      config.text if config is not None and config.rc == 0 else None, out.get(f"ready{index}"),
                      dropin_files(out.get(f"dropins{index}")), dropin_modes(out.get(f"dropin_modes{index}")))
 
@@ -393,14 +435,17 @@ def config_file(case, facts, audit):
 
 @serving
 def listening(case, facts, audit):
-    """`UNIT: listening` — the addresses listening on the server's port (`ss -ltn`) against its bind address.
+    """`UNIT: listening` — the addresses listening on the server's port (the host's TCP tables, /proc/net/tcp and tcp6) against its bind address.
 
     Modes: spec, profile.
+
+    Addresses are written as ss writes them (`0.0.0.0:8000`, `[::]:8000`); tables that could not be read make
+    the row an error that says so, never `nothing on port`.
     """
     unit = case.item
     loaded(audit, unit, facts, f"{unit['name']}: listening", unit["listen"])
     port = unit["listen"].rsplit(":", 1)[1]
-    on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == port)
+    on_port = listening_on(audit, facts, f"{unit['name']}: listening", unit["listen"], port)
     audit.expect(f"{unit['name']}: listening", unit["listen"], on_port or f"nothing on port {port}",
                  passed=unit["listen"] in on_port)
 
@@ -423,15 +468,32 @@ def health(case, facts, audit):
 
 @serving
 def served_models(case, facts, audit):
-    """`UNIT: GET URL/v1/models` — the model ids the server lists (asked with its own API key) against its served names.
+    """`UNIT: GET URL/v1/models` — the model ids the server lists against its served names, and the key it was asked with.
 
     Modes: spec, profile.
+
+    Spec mode asks with the key the spec declares (its api_key_file, read on the controller and sent on the
+    ssh session's stdin; none declared: no key), never the server's own: a server that refuses it fails
+    `HTTP 401: refuses the spec's API key (the spec's api_key_file)`. Profile mode has no spec: it asks with the
+    server's own key and says where it came from (`key: VLLM_API_KEY of pid N`, `the api-key option on the command
+    line of pid N`).
     """
     unit = case.item
     check = f"{unit['name']}: GET {unit['url']}/v1/models"
     loaded(audit, unit, facts, check, unit["served_names"])
-    answer = facts.units[unit["name"]].http.get("/v1/models", {"error": "no answer"})
-    audit.expect(check, unit["served_names"], model_ids(answer))
+    http = facts.units[unit["name"]].http
+    answer = http.get("/v1/models", {"error": "no answer"})
+    found, source = model_ids(answer), spec_key_source(unit) or http.get("key", "not said")
+    if answer.get("status") == 401 and "api_key" in unit:
+        found = f"HTTP 401: refuses the spec's API key ({source})"
+    audit.expect(check, unit["served_names"], f"{shown(found)} (key: {source})", passed=found == unit["served_names"])
+
+
+def spec_key_source(unit: dict) -> str | None:
+    """Spec mode: where the key the probe used came from; None: profile mode (the probe says)."""
+    if "api_key" not in unit:
+        return None
+    return "the spec's api_key_file" if unit["api_key"]["file"] else "none: the spec declares no API key"
 
 
 def model_ids(answer: dict) -> str | list[str]:
@@ -470,7 +532,8 @@ def group(case, facts, audit):
     Modes: spec.
 
     Node rank 0: something listens on the rendezvous port; a headless node (rank ≥ 1): a connection established
-    to the leader's rendezvous (`ss -tn`); the rank, size and master address are those its config file gives.
+    to the leader's rendezvous (the host's TCP tables); the rank, size and master address are those its config file
+    gives.
     Every node's unit, config file (rank, size, master address and port) and vLLM version are checked against
     the spec on its own host, which makes them agree; this row says the group met: the followers stay
     connected to the leader's store (torch.distributed's TCPStore, which vLLM's launcher runs on node rank 0),
@@ -481,13 +544,13 @@ def group(case, facts, audit):
     check = f"{unit['name']}: node {group['rank']} of {group['size']}, rendezvous {master}"
     if group["rank"] == 0:
         loaded(audit, unit, facts, check, f"listening on port {group['master_port']}")
-        on_port = sorted(address for address in facts.listening if address.rsplit(":", 1)[1] == str(group["master_port"]))
+        on_port = listening_on(audit, facts, check, f"listening on port {group['master_port']}", group["master_port"])
         audit.expect(check, f"listening on port {group['master_port']}",
                      f"listening on {', '.join(on_port)}" if on_port else f"nothing on port {group['master_port']}",
                      passed=bool(on_port))
         return
     loaded(audit, unit, facts, check, f"connected to {master}")
-    peers = sorted({peer for _, peer in facts.established if joins(peer, group)})
+    peers = sorted({peer for _, peer in connected(audit, facts, check, f"connected to {master}") if joins(peer, group)})
     audit.expect(check, f"connected to {master}", f"connected to {', '.join(peers)}" if peers else
                  f"no connection to {master}", passed=bool(peers))
 
@@ -504,3 +567,91 @@ def joins(peer: str, group: dict) -> bool:
     except ValueError:
         return True
     return address == group["master_addr"]
+
+
+started = units_with("started_from")  # spec mode: the units whose running process is compared with their files
+hosts_running = each(lambda expected: [expected] if expected.get("running") else [], ids=lambda _: "strays")
+STRAYS = "vLLM servers and GPU processes not in the spec"
+
+
+def scanned(audit, facts, check: str, expected) -> dict:
+    """The process scan; the row is unknown where it could not be read (no python3 on the host…)."""
+    if facts.processes is None:
+        audit.unknown(check, expected, f"the processes not read: {facts.processes_problem}")
+    return facts.processes
+
+
+def unit_server(unit: dict, facts) -> dict | None:
+    """The running server of a spec unit (its MainPID's), or None."""
+    main_pid = int(facts.units[unit["name"]].shown.get("MainPID") or 0)
+    return running.server_of(facts.processes, main_pid)
+
+
+@started
+def restart_pending(case, facts, audit):
+    """`UNIT: restart pending` — the unit's running process against its files: none of its unit file, env file, config file, program (`bin/vllm`) or the venv link it runs through changed after the process started.
+
+    Modes: spec.
+
+    A file changed since (`restart pending: /etc/vllm/chat.yaml (changed TIME), after pid N started TIME`) means
+    the server does not run what the files say: `systemctl restart UNIT` (or `provision apply`) starts it anew.
+    """
+    unit = case.item
+    check = f"{unit['name']}: restart pending"
+    loaded(audit, unit, facts, check, running.NO_RESTART_PENDING)
+    scan = scanned(audit, facts, check, running.NO_RESTART_PENDING)
+    passed, actual = running.unit_restart(unit_server(unit, facts), unit["started_from"], scan)
+    if passed is None:
+        audit.unknown(check, running.NO_RESTART_PENDING, actual)
+    audit.expect(check, running.NO_RESTART_PENDING, actual, passed=passed)
+
+
+@started
+def running_vllm(case, facts, audit):
+    """`UNIT: vLLM running` — the vLLM version the unit's process imported (its maps: vLLM's shared objects and the dist-info beside them; else its API's /version) against the spec's `vllm.version`.
+
+    Modes: spec.
+
+    The venv's version row says what is installed; this one what runs: an upgrade not yet restarted into, or a
+    venv replaced under the server (`0.25.0 (deleted)`), shows here.
+    """
+    unit = case.item
+    check = f"{unit['name']}: vLLM running"
+    loaded(audit, unit, facts, check, unit["vllm_version"])
+    scanned(audit, facts, check, unit["vllm_version"])
+    server = unit_server(unit, facts)
+    if server is None:
+        audit.expect(check, unit["vllm_version"], "no running server", passed=False)
+    version, source = running.running_version(server)
+    actual = f"{version or 'unknown'} (pid {server['pid']}, {source})"
+    if version is None and (server.get("imported") or {}).get("problem"):  # its maps not read, no API answer
+        audit.unknown(check, unit["vllm_version"], actual)
+    audit.expect(check, unit["vllm_version"], actual, passed=version == unit["vllm_version"])
+
+
+@hosts_running
+def strays(case, facts, audit):
+    """`vLLM servers and GPU processes not in the spec` — every vLLM server running on the host (found by its command line, its maps or its API, whatever started it) that is none of the spec's units and containers, and every GPU process in no vLLM server's tree, against none.
+
+    Modes: spec.
+
+    Each is named with how it was started: `stray vLLM server: pid 1234 on 0.0.0.0:8002, started by root's
+    crontab (@reboot), no API key`; `stray GPU process: pid 42 (python3) holds 1024 MiB on GPU-…`. What could
+    not be read (the GPU processes, a process's open files) makes the row an error that lists what was found.
+    """
+    scan = scanned(audit, facts, STRAYS, running.NO_STRAYS)
+    unit_pids = {unit["name"]: int(facts.units[unit["name"]].shown.get("MainPID") or 0) for unit in case.item["units"]}
+    container_ids = [(found.inspect or {}).get("Id", "") for found in facts.containers.values()]
+    found = running.strays(scan, unit_pids, container_ids, facts.compute_apps or [],
+                           lambda server: supervision(server["cgroup"]), keyed)
+    unread = scan.get("problems", []) + (
+        [f"GPU processes not read ({facts.compute_apps_problem})"] if facts.compute_apps_problem else [])
+    if unread:
+        audit.unknown(STRAYS, running.NO_STRAYS, "; ".join([*found, *unread]))
+    audit.expect(STRAYS, running.NO_STRAYS, found or "none", passed=not found)
+
+
+def keyed(server: dict) -> bool:
+    """Whether a server asks for an API key (its command line, its --config file or its environment)."""
+    return running.has_api_key(server, {**config_options(parsed_config(server.get("config"))),
+                                        **command_options(server["cmdline"])})

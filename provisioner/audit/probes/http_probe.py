@@ -1,10 +1,12 @@
 """Runs ON THE AUDITED HOST for an https server (python3 - UNIT HOST PORT; standard library only).
 
-Asks the server for /health and /v1/models with its own API key (read from the server process:
-its VLLM_API_KEY, else its --api-key; never printed) and prints each raw HTTP answer after a line
-`@@ <path>`, as the shell probe in facts.py does for plain http. The server's certificate is not
+Asks the server for /health and /v1/models with the key spec mode gives in VP_PROBE_KEY (set, even
+empty: the spec's), else its own API key (read from the server process: its VLLM_API_KEY, else its
+--api-key; never printed), prints where the key came from (`@@key-source WHERE`) and each raw HTTP
+answer after a line `@@ <path>`, as http_probe.sh does for plain http. The server's certificate is not
 checked: the probe talks to the local server.
 """
+import os
 import socket
 import ssl
 import subprocess
@@ -12,28 +14,33 @@ import sys
 
 
 def api_key(unit):
+    """(the key, where it came from)."""
+    if "VP_PROBE_KEY" in os.environ:
+        return os.environ["VP_PROBE_KEY"], "given"
     pid = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
                          stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout.strip()
+    none = f"none: pid {pid} has no VLLM_API_KEY and no --api-key"
     try:
         with open(f"/proc/{pid}/environ", "rb") as environ:
             for entry in environ.read().split(b"\0"):
                 if entry.startswith(b"VLLM_API_KEY="):
-                    return entry.split(b"=", 1)[1].decode()
+                    return entry.split(b"=", 1)[1].decode(), f"VLLM_API_KEY of pid {pid}"
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
             argv = [word.decode() for word in cmdline.read().split(b"\0")]
     except (OSError, ValueError):
-        return ""
+        return "", none
     for index, word in enumerate(argv):
         if word == "--api-key" and index + 1 < len(argv):
-            return argv[index + 1]
+            return argv[index + 1], f"the api-key option on the command line of pid {pid}"
         if word.startswith("--api-key="):
-            return word.split("=", 1)[1]
-    return ""
+            return word.split("=", 1)[1], f"the api-key option on the command line of pid {pid}"
+    return "", none
 
 
 def main():
     unit, host, port = sys.argv[1:4]
-    key = api_key(unit)
+    key, source = api_key(unit)
+    print(f"@@key-source {source}", flush=True)
     for path in ("/health", "/v1/models"):
         print(f"\n@@ {path}", flush=True)
         request = f"GET {path} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n".encode()

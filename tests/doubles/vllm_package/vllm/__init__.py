@@ -7,6 +7,7 @@ built from that version's committed flag catalog (provisioner/vllm/catalogs), at
 real parser lives at, so an unknown flag or a bad value fails as vLLM fails; `--config FILE.yaml`
 expanded as vLLM does (YAML read as one `key: JSON value` per line, what our template writes: the
 hosts have no PyYAML); and an HTTP server answering /health, /v1/models, a 1-token /v1/completions,
+/version,
 plus /standin/process (the argv, parsed options and CUDA environment it got). Standard library only.
 """
 

@@ -114,6 +114,10 @@ def serve(options):
                 return
             if self.path == "/health":
                 self._send(200, {})
+            elif self.path == "/version":  # as vLLM's: outside /v1, no key asked
+                from vllm import __version__
+
+                self._send(200, {"version": __version__})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "root": model}
                                                             for name in served]})
