@@ -19,6 +19,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent / "vllm_package" / "vllm"
 CATALOGS = Path(__file__).resolve().parents[2] / "provisioner" / "vllm" / "catalogs"
 SERVER = "vllm/entrypoints/cli/standin_server.py"
+# vllm/_C.abi3.so, where real vLLM's kernels are: the stand-in maps it as vLLM maps its kernels
+# (vllm/platforms/__init__.py), so that /proc/PID/maps names it; not an ELF object, nothing runs from it
+KERNELS_PLACEHOLDER = b"TEST DOUBLE: the place of vLLM's kernels, only mapped by the stand-in (vllm-provision tests)\n"
 BROKEN = "-broken"  # how a broken wheel's wheelhouse folder ends: standin-wheelhouse-<version>-<key>-broken
 
 
@@ -42,6 +45,7 @@ def build_standin_wheel(version: str, wheelhouse: Path, fails_at_start: str | No
         f"vllm/{path.relative_to(PACKAGE).as_posix()}": path.read_bytes()
         for path in sorted(PACKAGE.rglob("*.py"))
     }
+    files["vllm/_C.abi3.so"] = KERNELS_PLACEHOLDER
     files["vllm/__init__.py"] = files["vllm/__init__.py"].replace(b'"0.0.0"', f'"{version}"'.encode())
     # a build's local label (0.25.0+cu129) names the same version's options
     files["vllm/catalog.json"] = (CATALOGS / f"vllm-{version.split('+')[0]}.json").read_bytes()
@@ -77,6 +81,7 @@ def shared_folder(version: str, broken: bool = False) -> str:
     for name, path in [*((p.relative_to(PACKAGE).as_posix(), p) for p in sorted(PACKAGE.rglob("*.py"))),
                        (catalog.name, catalog)]:
         digest.update(name.encode() + b"\0" + path.read_bytes())
+    digest.update(b"vllm/_C.abi3.so\0" + KERNELS_PLACEHOLDER)
     return f"standin-wheelhouse-{version}-{digest.hexdigest()[:12]}" + (BROKEN if broken else "")
 
 

@@ -2,9 +2,10 @@
 
 One host for the module, the spec applied (the instance `chat`, its API key from a file), with the TEST
 DOUBLEs of tests/lab/specs.py (nvidia-smi, the stand-in vLLM) and of tests/doubles/cron_standin.py (the
-rootfs has no cron). The stand-in vLLM is pure Python: its process maps no vLLM shared object, so the
-version it runs is read from its API's /version and a launcher script is found by its API's answers
-(maps are the first signal on a real host: tests/unit/test_audit_running.py). Each test plants one drift,
+rootfs has no cron). The stand-in vLLM maps its placeholder of vLLM's kernels as real vLLM maps
+vllm/_C.abi3.so (tests/doubles/vllm_package/vllm/platforms), so the version a unit runs is read from its
+maps and the dist-info beside them; the launcher script's server is pure Python (STANDIN_PURE_PYTHON=1):
+it maps no vLLM object and is found, and its version read, by its API's answers. Each test plants one drift,
 checks the exact rows of spec mode (and of profile mode where they differ), repairs it, and the spec audit
 passes again; the tests run in file order.
 """
@@ -84,7 +85,8 @@ def test_a_converged_host_passes_and_says_what_runs(converged, tmp_path):
     found = profile_rows(host, tmp_path / "profile.json")
     record("converged: profile mode", {name: found[name] for name in found if name.startswith(UNIT)})
     assert found[f"{UNIT}: started by"]["actual"] == f"systemd unit {UNIT}"
-    assert found[f"{UNIT}: vLLM running"]["actual"] == "0.25.0 (its API's /version)"
+    assert found[f"{UNIT}: vLLM running"]["actual"] == (
+        f"0.25.0 (mapped from {VLLM_BIN.rsplit('/bin/', 1)[0]}/lib/python3.11/site-packages/vllm)")
     assert found[f"{UNIT}: restart pending"]["status"] == "passed"
     models = f"{UNIT}: GET http://{host.address}:8000/v1/models"
     assert found[models]["actual"] == f"{MODEL} (key: VLLM_API_KEY of pid {pid})"
@@ -207,7 +209,10 @@ def test_a_stray_server_in_a_user_unit_of_a_lingering_user(converged, tmp_path):
 
 LAUNCHER = f"""#!{VLLM_BIN.rsplit('/', 1)[0]}/python3
 # someone's launcher: vLLM's CLI run in-process, its command line no `vllm serve`
+import os
 import sys
+
+os.environ["STANDIN_PURE_PYTHON"] = "1"  # TEST DOUBLE's switch: no vLLM object mapped, only its API tells
 
 sys.argv = ["vllm", "serve", "{MODEL}", "--host", "0.0.0.0", "--port", "8004", "--gpu-memory-utilization", "0.05"]
 from vllm.entrypoints.cli.main import main

@@ -12,6 +12,7 @@ a follower rebooted.
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -20,6 +21,7 @@ import yaml
 from provisioner.apply.controls import Controls
 from provisioner.apply.hosts import apply_spec
 from provisioner.audit.expectations import spec_targets
+from provisioner.audit.running import NO_RESTART_PENDING
 from provisioner.audit.runner import audit_hosts
 from provisioner.base.rollout import Rollout
 from provisioner.spec import load_spec
@@ -156,8 +158,11 @@ def test_the_audit_passes_on_both_nodes_then_names_a_drifted_follower(hosts, run
     follower.ssh(f"sed -i 's/^node-rank: 1$/node-rank: 2/' {CONFIG}")
     drifted = audit_failures(spec_path)
     assert drifted[leader.name] == {}
+    pending = drifted[follower.name].pop(f"{UNIT}: restart pending")  # the file changed, the node runs rank 1 still
     assert drifted[follower.name] == {
         f"{UNIT}: config file {CONFIG}": ("as rendered (14 lines)", "line 13: 'node-rank: 2' instead of 'node-rank: 1'")}
+    assert pending[0] == NO_RESTART_PENDING and re.fullmatch(
+        rf"restart pending: {CONFIG} \(changed [-0-9: ]+ UTC\), after pid \d+ started [-0-9: ]+ UTC", pending[1]), pending
     # a rolling apply puts it back, the group's two hosts in one batch (the canary's, grown to hold the group):
     # the follower restarts, the leader loses it and restarts too, the group meets again
     again = apply_spec(load_spec(spec_path), controls=Controls(rollout=Rollout()))

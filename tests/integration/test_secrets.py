@@ -251,8 +251,14 @@ def checks_of(report: str) -> dict[str, dict]:
 
 def test_the_spec_audit_compares_the_env_file_with_the_secrets_by_hash(outputs):
     captured, files = outputs
-    assert captured["spec audit"].returncode == 0, captured["spec audit"].stdout
     checks = checks_of(files["spec audit JSON"])
+    # the two servers set up by hand are none of the spec's: spec mode fails them, and only them (keys unsaid)
+    failed = {name: check["actual"] for name, check in checks.items() if check["status"] in ("failed", "error")}
+    assert list(failed) == ["vLLM servers and GPU processes not in the spec"], captured["spec audit"].stdout
+    assert re.fullmatch(r"stray vLLM server: pid \d+ on 0\.0\.0\.0:8001, started by systemd unit my-llm\.service,"
+                        r" API key set, stray vLLM server: pid \d+ on 0\.0\.0\.0:8002, started by systemd unit"
+                        r" my-shell-llm\.service, API key set", *failed.values())
+    assert captured["spec audit"].returncode == 1, captured["spec audit"].stdout
     # the env file's hash: the key and both declared secrets, as the plan renders them with their real values
     assert checks["vllm-chat.service: EnvironmentFile content"]["status"] == "passed"
     assert checks["vllm-chat.service: EnvironmentFile mode"]["status"] == "passed"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.audit import processes
 from tests.doubles import vllm_wheel
 from tests.doubles.vllm_wheel import build_standin_wheel, shared_folder
 from tests.unit.standin import MODEL, ROOT, free_port, listening, standin, stop
@@ -72,6 +73,11 @@ def test_the_good_wheel_of_that_version_still_serves(tmp_path):
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
             assert answer.status == 200
+        # its maps name vllm/_C.abi3.so as a real vLLM's do: the audit reads the version it runs from them
+        site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+        imported = processes.imported_vllm(server.pid)
+        assert imported == {"package": str(site / "vllm"), "objects": ["_C.abi3.so"], "deleted": False,
+                            "version": VERSION}
     finally:
         stop(server)
 

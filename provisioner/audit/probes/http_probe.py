@@ -1,8 +1,8 @@
 """Runs ON THE AUDITED HOST for an https server (python3 - UNIT HOST PORT; standard library only).
 
 Asks the server for /health and /v1/models with the key spec mode gives in VP_PROBE_KEY (set, even
-empty: the spec's), else its own API key (read from the server process: its VLLM_API_KEY, else its
---api-key; never printed), prints where the key came from (`@@key-source WHERE`) and each raw HTTP
+empty: the spec's), else its own API key (read from the server process as vLLM picks it: its first
+--api-key, else its VLLM_API_KEY; never printed), prints where the key came from (`@@key-source WHERE`) and each raw HTTP
 answer after a line `@@ <path>`, as http_probe.sh does for plain http. The server's certificate is not
 checked: the probe talks to the local server.
 """
@@ -21,19 +21,19 @@ def api_key(unit):
                          stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout.strip()
     none = f"none: pid {pid} has no VLLM_API_KEY and no --api-key"
     try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = [word.decode() for word in cmdline.read().split(b"\0")]
+        for index, word in enumerate(argv):  # vLLM: `args.api_key or [envs.VLLM_API_KEY]`
+            if word == "--api-key" and index + 1 < len(argv):
+                return argv[index + 1], f"the api-key option on the command line of pid {pid}"
+            if word.startswith("--api-key="):
+                return word.split("=", 1)[1], f"the api-key option on the command line of pid {pid}"
         with open(f"/proc/{pid}/environ", "rb") as environ:
             for entry in environ.read().split(b"\0"):
                 if entry.startswith(b"VLLM_API_KEY="):
                     return entry.split(b"=", 1)[1].decode(), f"VLLM_API_KEY of pid {pid}"
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            argv = [word.decode() for word in cmdline.read().split(b"\0")]
     except (OSError, ValueError):
         return "", none
-    for index, word in enumerate(argv):
-        if word == "--api-key" and index + 1 < len(argv):
-            return argv[index + 1], f"the api-key option on the command line of pid {pid}"
-        if word.startswith("--api-key="):
-            return word.split("=", 1)[1], f"the api-key option on the command line of pid {pid}"
     return "", none
 
 

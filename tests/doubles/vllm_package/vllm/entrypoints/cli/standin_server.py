@@ -50,6 +50,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import vllm
+from vllm import platforms
 from vllm import standin_rendezvous as rendezvous
 from vllm.entrypoints.cli.standin_metrics import Metrics, kv_cache_tokens
 from vllm.entrypoints.cli.standin_openai import error, fingerprint, kind_of, usage_of
@@ -68,10 +69,13 @@ def serve(options):
         sys.exit("vllm: error: no model given")
     if FAILS_AT_START or os.environ.get("STANDIN_FAILS_AT_START"):
         fail_at_start(FAILS_AT_START or os.environ["STANDIN_FAILS_AT_START"])
+    platforms.map_kernels()  # as vLLM resolves its platform: its kernels in this process's maps
     served = options.get("served_model_name") or [model]
     host = options.get("host") or "0.0.0.0"
     port = int(options.get("port") or 8000)
-    key = os.environ.get("VLLM_API_KEY") or (options.get("api_key") or [None])[0]  # --api-key takes one or more
+    # as vLLM (`args.api_key or [envs.VLLM_API_KEY]`): every --api-key (it takes one or more), else the env's
+    given = options.get("api_key")
+    keys = [key for key in (([given] if isinstance(given, str) else given) or [os.environ.get("VLLM_API_KEY")]) if key]
     process = {
         "argv": sys.argv,
         "options": {name: value for name, value in options.items() if name not in ("api_key", "dispatch_function")},
@@ -104,7 +108,8 @@ def serve(options):
             self.end_headers()
 
         def _authorized(self):
-            if key and self.path.startswith(PROTECTED) and self.headers.get("Authorization") != f"Bearer {key}":
+            if keys and self.path.startswith(PROTECTED) and self.headers.get("Authorization") not in [
+                    f"Bearer {key}" for key in keys]:
                 self._send(401, {"error": "Unauthorized"}, cors=False)
                 return False
             return True
