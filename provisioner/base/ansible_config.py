@@ -24,6 +24,7 @@ import functools
 import importlib.util
 import os
 import shlex
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,9 @@ def _cached_manager(folder: str, ansible_variables: tuple):
     from ansible.config.manager import ConfigManager
     from ansible.plugins.loader import connection_loader
 
-    connection_loader.get("ssh", class_only=True)  # registers the plugin's settings in constants.config
+    with warnings.catch_warnings():  # the ssh plugin's import of DSA support warns on every command; not the user's
+        warnings.filterwarnings("ignore", message="DSA is deprecated")
+        connection_loader.get("ssh", class_only=True)  # registers the plugin's settings in constants.config
     manager = ConfigManager()
     manager.initialize_plugin_configuration_definitions(
         "connection", "ssh", constants.config.get_configuration_definitions("connection", "ssh"))
