@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -42,20 +43,35 @@ class Timeline:
             self.first_check = now
 
 
-def timed_audit(targets: list[Target]) -> tuple[float, int, Timeline]:
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of this machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def auditor_seconds() -> float:
+    """CPU seconds of this process and its finished children (the ssh clients it started)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed_audit(targets: list[Target]) -> dict:
+    """One audit of `targets`: wall seconds, checks, timeline, and the CPU seconds it cost this machine (all of
+    it: the auditor, its ssh clients and the hosts' side, which runs on these same cores) and the auditor."""
+    busy, auditor = machine_busy_seconds(), auditor_seconds()
     timeline = Timeline()
     reports = audit_hosts(targets, on_progress=timeline)
     seconds = time.monotonic() - timeline.start
     assert exit_code(reports) == 0, {name: report.status for name, report in reports.items()}
-    return seconds, sum(len(report.checks) for report in reports.values()), timeline
+    return {"seconds": seconds, "checks": sum(len(report.checks) for report in reports.values()),
+            "timeline": timeline, "machine_cpu": machine_busy_seconds() - busy, "auditor_cpu": auditor_seconds() - auditor}
 
 
 def measure(targets: list[Target], runs: int) -> dict:
-    cold, _, _ = timed_audit(targets)
-    warm = sorted((timed_audit(targets) for _ in range(runs)), key=lambda run: run[0])
-    seconds, checks, timeline = warm[len(warm) // 2]
-    return {"hosts": len(targets), "checks": checks, "cold": cold, "seconds": seconds,
-            "spread": statistics.pstdev(run[0] for run in warm), "timeline": timeline}
+    cold = timed_audit(targets)["seconds"]
+    warm = sorted((timed_audit(targets) for _ in range(runs)), key=lambda run: run["seconds"])
+    return {**warm[len(warm) // 2], "hosts": len(targets), "cold": cold,
+            "spread": statistics.pstdev(run["seconds"] for run in warm)}
 
 
 def main() -> int:
@@ -79,13 +95,22 @@ def main() -> int:
         rows = [measure(targets[:1], args.runs), measure(targets, args.runs)]
         disconnect([target.connection for target in targets])  # before the lab powers the hosts off
     print(f"\n{'hosts':>5} {'checks':>6} {'cold s':>7} {'warm s':>7} {'±':>5} {'checks/s':>8}"
-          f" {'connected':>9} {'1st check':>9}")
+          f" {'connected':>9} {'1st check':>9} {'CPU s':>6} {'auditor':>7}")
     for row in rows:
         timeline = row["timeline"]
         print(f"{row['hosts']:>5} {row['checks']:>6} {row['cold']:>7.2f} {row['seconds']:>7.2f} {row['spread']:>5.2f}"
-              f" {row['checks'] / row['seconds']:>8.1f} {timeline.connected:>9.2f} {timeline.first_check:>9.2f}")
+              f" {row['checks'] / row['seconds']:>8.1f} {timeline.connected:>9.2f} {timeline.first_check:>9.2f}"
+              f" {row['machine_cpu']:>6.2f} {row['auditor_cpu']:>7.2f}")
     one, many = rows
     ratio = many["seconds"] / one["seconds"]
+    cores = os.cpu_count() or 1
+    floor = many["machine_cpu"] / cores  # the N-host audit cannot end sooner on this machine's cores
+    print(f"\nCPU s: what the warm audit cost this machine's {cores} cores in all (the auditor, its ssh clients and"
+          " every host's side: the lab's hosts share these cores); auditor: this process and its ssh clients."
+          f"\n{many['hosts']} hosts: {many['machine_cpu']:.2f} CPU s on {cores} cores = a floor of {floor:.2f} s wall"
+          f" ({floor / one['seconds']:.2f}x one host); the auditor's part {many['auditor_cpu']:.2f} s"
+          f" ({many['auditor_cpu'] / max(one['auditor_cpu'], 1e-9):.2f}x one host's), what a fleet of separate"
+          " machines would leave to scale on the bastion")
     print(f"\nload average now: {' '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} cores"
           " (the lab's hosts run on these cores too: their side of the audit competes with the auditor)")
     print(f"\n1 host: {one['checks']} checks in {one['seconds']:.2f} s warm "
