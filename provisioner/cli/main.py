@@ -24,8 +24,6 @@ from provisioner.cli import (
 from provisioner.cli.common import INTERNAL_ERROR, PROBLEMS_FOUND
 
 DISTRIBUTION = "vllm-provision"
-# the pins --version shows, as the installed distribution's metadata states them (pyproject.toml)
-SHOWN_PINS = {"ansible-core": "ansible-core", "vllm": "vLLM"}
 
 app = typer.Typer(
     name="provision",
@@ -36,7 +34,8 @@ app = typer.Typer(
 
 
 def version_text() -> str:
-    """'vllm-provision 0.1.0 (ansible-core 2.19.14, vLLM 0.25.0)', from the installed distribution's metadata."""
+    """'vllm-provision 0.1.0 (ansible-core 2.19.14, vLLM 0.25.0)': the installed ansible-core that runs the roles,
+    and the vLLM version the package's `vllm` extra pins (the flag catalogs'), from the installed metadata."""
     import re
     from importlib import metadata
 
@@ -44,13 +43,17 @@ def version_text() -> str:
         version, requirements = metadata.version(DISTRIBUTION), metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:
         return f"{DISTRIBUTION} (not installed: `pip install .` in the checkout, or install the wheel)"
-    pins = {}
+    shown = []
+    try:
+        shown.append(f"ansible-core {metadata.version('ansible-core')}")
+    except metadata.PackageNotFoundError:
+        shown.append("ansible-core not installed")
     for requirement in requirements:
-        pinned = re.match(r"^([A-Za-z0-9._-]+)\s*==\s*([^;\s]+)", requirement)
-        if pinned and pinned[1].lower() in SHOWN_PINS:
-            pins.setdefault(SHOWN_PINS[pinned[1].lower()], pinned[2])
-    shown = ", ".join(f"{name} {pin}" for name, pin in pins.items())
-    return f"{DISTRIBUTION} {version}" + (f" ({shown})" if shown else "")
+        pinned = re.match(r"^vllm\s*==\s*([^;\s]+)", requirement, re.I)
+        if pinned:
+            shown.append(f"vLLM {pinned[1]}")
+            break
+    return f"{DISTRIBUTION} {version} ({', '.join(shown)})"
 
 
 def show_version(value: bool) -> None:

@@ -10,7 +10,7 @@ PYTHONPATH unset and no ansible.cfg of ours around:
 - the collection tarball installed into an empty collections path, its site playbook run with plain
   `ansible-playbook` on the inventory the wheel's `provision inventory` wrote: after the wheel's apply it
   converges with nothing changed (the two ways are one).
-Dependencies come once from the pins into a wheelhouse; every install is `--no-index` from it. Each step's
+Dependencies come once from the tested lock (constraints.txt) into a wheelhouse; every install is `--no-index` from it. Each step's
 seconds show in one line ("install: ...") once the module is done.
 """
 
@@ -126,10 +126,11 @@ def artefacts(tmp_path_factory) -> Artefacts:
     scratch = tmp_path_factory.mktemp("install")
     wheelhouse, dist, collections = scratch / "wheelhouse", scratch / "dist", scratch / "collection"
     home = scratch / "build-home"
-    # the pins' wheels (and the build backend's, and pip for pipx's shared venv), downloaded once
+    # the dependencies' wheels (and the build backend's, and pip for pipx's shared venv) at the versions of the
+    # tested lock (constraints.txt), downloaded once
     pins = [*PROJECT["project"]["dependencies"], *PROJECT["build-system"]["requires"], f"pip=={installed_version('pip')}"]
-    timed("wheelhouse (pip download)", [sys.executable, "-m", "pip", "download", "-q", "-d", wheelhouse, *pins],
-          cwd=scratch, env=outside_env(home))
+    timed("wheelhouse (pip download)", [sys.executable, "-m", "pip", "download", "-q", "-d", wheelhouse,
+                                        "--constraint", REPO / "constraints.txt", *pins], cwd=scratch, env=outside_env(home))
     timed("build wheel + sdist", [sys.executable, "-m", "build", "--outdir", dist, REPO],
           cwd=scratch, env=from_wheelhouse(wheelhouse, home))
     timed("build collection", [Path(sys.executable).with_name("ansible-galaxy"), "collection", "build",
@@ -165,7 +166,9 @@ def from_pipx(artefacts) -> Installed:
     base = empty_folder(artefacts.scratch, "pipx")
     folder, home = empty_folder(base, "work"), base / "home"
     pipx_env = {"PIPX_HOME": str(base / "pipx-home"), "PIPX_BIN_DIR": str(base / "bin"), "PIPX_MAN_DIR": str(base / "man")}
-    timed("pipx: install", [sys.executable, "-m", "pipx", "install", artefacts.wheel],
+    # as README says: the lock as pip's constraints
+    timed("pipx: install", [sys.executable, "-m", "pipx", "install", "--pip-args", f"--constraint {REPO / 'constraints.txt'}",
+                            artefacts.wheel],
           cwd=folder, env={**artefacts.install_env(home), **pipx_env})
     venv = base / "pipx-home" / "venvs" / "vllm-provision"
     return Installed("pipx", base / "bin" / "provision", venv / "bin" / "python", folder, home)

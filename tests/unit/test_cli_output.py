@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def test_version_comes_from_the_installed_distribution_with_the_pins():
     result = piped("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout == (f"vllm-provision {PYPROJECT['project']['version']} "
-                             f"(ansible-core {pin('ansible-core')}, vLLM {pin('vllm')})\n")
+                             f"(ansible-core {metadata.version('ansible-core')}, vLLM {pin('vllm')})\n")
 
 
 @pytest.mark.parametrize("typed, offered", [
