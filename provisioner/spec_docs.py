@@ -16,10 +16,13 @@ spec. Regenerate the checked-in copies after changing the model:
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic.json_schema import GenerateJsonSchema
 
 from provisioner.base.paths import SPEC_EXAMPLE
@@ -67,6 +70,18 @@ def modeline(schema_location: str = SCHEMA_FILE_NAME) -> str:
 def example_with_modeline() -> str:
     """What `provision init` writes: the modeline, then the annotated example."""
     return modeline() + SPEC_EXAMPLE.read_text(encoding="utf-8")
+
+
+def write_example_key(folder: Path) -> Path | None:
+    """The example's api_key_file (relative to the spec's `folder`) with a new random key, 0600 in a 0700 folder,
+    so that the untouched example plans; None where that file is there already (kept as it is)."""
+    key = folder / yaml.safe_load(SPEC_EXAMPLE.read_text(encoding="utf-8"))["instances"][0]["api_key_file"]
+    if key.exists():
+        return None
+    key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
+        handle.write(f"sk-{secrets.token_urlsafe(32)}\n")
+    return key
 
 
 # --------------------------------------------------------------------------- docs/spec.md

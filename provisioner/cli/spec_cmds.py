@@ -42,7 +42,7 @@ def init(
 
     The spec's first line (a yaml-language-server modeline) points editors to provision.schema.json."""
     from provisioner.base.files import write_folder
-    from provisioner.spec_docs import SCHEMA_FILE_NAME, example_with_modeline, schema_text
+    from provisioner.spec_docs import SCHEMA_FILE_NAME, example_with_modeline, schema_text, write_example_key
 
     if path.is_dir():
         exit_with(PROBLEMS_FOUND, f"{path} is a folder — name the spec file to write, e.g. {path / DEFAULT_SPEC}")
@@ -54,9 +54,14 @@ def init(
     schema_path = path.with_name(SCHEMA_FILE_NAME)
     with exit_on_write_error(path):
         write_folder(path.absolute().parent, {path.name: example_with_modeline(), SCHEMA_FILE_NAME: schema_text()})
+        key = write_example_key(path.absolute().parent)
     found_as_is = path.absolute() == DEFAULT_SPEC.absolute() and not os.environ.get("PROVISION_SPEC")
     typer.echo(f"wrote {path} and {schema_path} (its JSON Schema, for editors; `provision schema -o {schema_path}` "
                "writes it again after an upgrade)")
+    if key is not None:
+        key = key.relative_to(Path.cwd()) if key.is_relative_to(Path.cwd()) else key
+        typer.echo(f"wrote {key} (a new random API key for the example's instance, mode 0600: clients send it as "
+                   "`Authorization: Bearer KEY`)")
     typer.echo(f"edit the spec, then run `provision plan{'' if found_as_is else f' --spec {path}'}`")
 
 

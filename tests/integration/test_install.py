@@ -271,19 +271,14 @@ def assert_version(installed: Installed) -> None:
 
 
 def init_and_plan(installed: Installed) -> None:
-    """`provision init` writes the example spec; with the files it names in place, `plan` shows each part
-    of it, rendered from the installed roles' templates."""
+    """`provision init` writes the example spec and the API key file it names; the untouched example plans, each
+    part of it shown, rendered from the installed roles' templates, the key never."""
     spec = installed.folder / "provision.yml"
     written = installed("init", spec.name)
     assert spec.is_file() and spec.name in written.stdout, written.stdout
     example = yaml.safe_load(spec.read_text())
-    (installed.home / ".ssh").mkdir(mode=0o700)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", installed.home / ".ssh" / "id_ed25519"], check=True)
-    for instance in example["instances"]:
-        if instance.get("api_key_file"):
-            key = installed.folder / instance["api_key_file"]
-            key.parent.mkdir(parents=True, exist_ok=True)
-            key.write_text("sk-example-not-a-secret\n")
+    (key_file,) = [installed.folder / entry["api_key_file"] for entry in example["instances"] if entry.get("api_key_file")]
+    assert key_file.stat().st_mode & 0o777 == 0o600 and str(key_file.relative_to(installed.folder)) in written.stdout
     planned = installed("plan", *spec_args(spec))
     output = planned.stdout
     for entry in example["hosts"]:
@@ -291,7 +286,7 @@ def init_and_plan(installed: Installed) -> None:
     for instance in example["instances"]:
         assert f"vllm-{instance['name']}.service" in output, output
     assert "Managed by vllm-provision (role vllm_service)" in output and "/etc/sysctl.d/60-vllm-provision.conf" in output
-    assert "sk-example-not-a-secret" not in output + planned.stderr
+    assert key_file.read_text().strip() not in output + planned.stderr
 
 
 def test_the_wheel_answers_version_init_and_plan(from_wheel):

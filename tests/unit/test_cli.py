@@ -63,8 +63,24 @@ def test_init_defaults_to_provision_yml_in_the_current_folder(tmp_path, monkeypa
     result = invoke("init")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "provision.yml").read_text() == example_with_modeline()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["provision.schema.json", "provision.yml"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["provision.schema.json", "provision.yml", "secrets"]
     assert "run `provision plan`" in result.output  # found there without --spec
+
+
+def test_the_untouched_example_plans_with_the_key_init_wrote_and_never_shows_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PROVISION_SPEC", raising=False)
+    written = invoke("init")
+    key = tmp_path / "secrets" / "qwen.key"
+    assert "wrote secrets/qwen.key (a new random API key" in written.output
+    assert (key.stat().st_mode & 0o777, key.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    secret = key.read_text().strip()
+    assert secret.startswith("sk-") and len(secret) > 40
+    planned = invoke("plan")
+    assert planned.exit_code == 0, planned.output
+    assert "vllm-qwen7b.service" in planned.output and secret not in planned.output
+    again = invoke("init", "--force")  # the spec written again; the key kept as it is
+    assert again.exit_code == 0 and "qwen.key" not in again.output and key.read_text().strip() == secret
 
 
 @pytest.mark.parametrize("where, message", [

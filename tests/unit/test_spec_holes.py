@@ -315,8 +315,9 @@ def test_init_writes_nothing_where_it_cannot_write(tmp_path):
 
     result = invoke("init", tmp_path / "new" / "spec.yml")
     assert result.exit_code == 0
-    # no temporary file left: the spec and its JSON Schema only
-    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["provision.schema.json", "spec.yml"]
+    # no temporary file left: the spec, its JSON Schema and the example's key file only
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["provision.schema.json", "secrets", "spec.yml"]
+    assert [p.name for p in (tmp_path / "new" / "secrets").iterdir()] == ["qwen.key"]
 
 
 # ------------------------------------------------------------------ 10. value forms as the pinned parser reads them
