@@ -105,15 +105,13 @@ def hosts_group(spec: Spec, file_name: FileName = _as_is) -> dict[str, Any]:
     (a host's `groups:`), so `--limit rack_a` and group_vars/rack_a.yml work as Ansible users expect."""
     ordered = [spec.host(name) for unit in host_units(spec) for name in unit]
     group: dict[str, Any] = {"hosts": {host.name: connection_vars(host, file_name) for host in ordered}}
-    children = groups_of(spec)
-    gateway_hosts = [host.name for host in spec.hosts if spec.gateways_on(host.name)]
-    if gateway_hosts:  # the hosts the site playbook's second play runs role gateway on
-        children = {**children, GATEWAY_GROUP: gateway_hosts}
-    if spec.monitoring is not None and spec.monitoring.host is not None:  # the play of role prometheus
-        children = {**children, MONITORING_GROUP: [spec.monitoring.host]}
-    if children:
-        group["children"] = {name: {"hosts": {member: {} for member in members}}
-                             for name, members in children.items()}
+    # the hosts the site playbook's gateway play (and rollout_recover.yml) and its prometheus play run on: both
+    # groups always there, empty where the spec has none, so that plain ansible-playbook warns of no pattern
+    monitoring = spec.monitoring.host if spec.monitoring is not None else None
+    children = {**groups_of(spec), GATEWAY_GROUP: [host.name for host in spec.hosts if spec.gateways_on(host.name)],
+                MONITORING_GROUP: [monitoring] if monitoring is not None else []}
+    group["children"] = {name: {"hosts": {member: {} for member in members}} if members else {}
+                         for name, members in children.items()}
     return group
 
 

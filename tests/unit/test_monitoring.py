@@ -86,7 +86,8 @@ def test_dcgm_adds_a_target_per_gpu_host():
 def test_the_inventory_gives_every_host_its_exporter_and_the_monitoring_host_prometheus():
     spec = load_spec(SPEC)
     files = build_inventory(spec)
-    assert files["hosts.yml"]["all"]["children"]["vllm_hosts"]["children"] == {"monitoring": {"hosts": {"mon": {}}}}
+    assert files["hosts.yml"]["all"]["children"]["vllm_hosts"]["children"] == {"gateway": {},
+                                                                               "monitoring": {"hosts": {"mon": {}}}}
     gpu1, mon = files["host_vars/gpu1.yml"], files["host_vars/mon.yml"]
     assert {name: gpu1[name] for name in gpu1 if name.startswith("node_exporter_")} == {
         "node_exporter_enabled": True, "node_exporter_port": 9100, "node_exporter_gpu_timer": True,

@@ -93,7 +93,8 @@ def test_the_inventory_has_each_hosts_resolved_values_and_each_group_as_an_inven
     files = build_inventory(validate_spec(fleet({"settings": {"sysctls": {"vm.z": 1}}}, [RACK_A, BIG])))
     assert sorted(files) == ["group_vars/all.yml", "host_vars/ws3090.yml", "host_vars/ws4070.yml", "hosts.yml"]
     group = files["hosts.yml"]["all"]["children"]["vllm_hosts"]
-    assert group["children"] == {"rack_a": {"hosts": {"ws4070": {}, "ws3090": {}}}, "big": {"hosts": {"ws4070": {}}}}
+    assert group["children"] == {"rack_a": {"hosts": {"ws4070": {}, "ws3090": {}}}, "big": {"hosts": {"ws4070": {}}},
+                                 "gateway": {}, "monitoring": {}}
     assert [group["hosts"][name]["ansible_user"] for name in ("ws4070", "ws3090")] == ["big", "admin"]
     first, second = files["host_vars/ws4070.yml"], files["host_vars/ws3090.yml"]
     assert first["sysctl_settings"] == second["sysctl_settings"] == {"vm.a": 2, "vm.b": 2, "vm.swappiness": 1,
