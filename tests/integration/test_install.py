@@ -403,6 +403,8 @@ def test_the_collection_tarball_converges_the_host_with_plain_ansible_playbook(c
     counts = recap(played.stdout, host.name)
     assert counts["failed"] == 0 and counts["unreachable"] == 0 and counts["ok"] > 10, counts
     assert counts["changed"] == 0, played.stdout[-6000:]  # what the wheel's apply set is what the collection sets
+    # the spec has no gateway and no monitoring host: their plays match no host, and ansible-playbook says no warning
+    assert "Could not match supplied host pattern" not in played.stdout + played.stderr, played.stderr[-3000:]
 
 
 def test_plain_ansible_playbook_on_the_inventory_still_checks_host_keys(collection_user, from_wheel, host):
