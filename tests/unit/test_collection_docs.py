@@ -1,0 +1,50 @@
+"""The collection's reference is generated from the collection (issue 36, point 4): each role README's variables
+table from its argument_specs, docs/ansible.md's roles and modules from the roles and the modules themselves. A
+file that differs from what provisioner/collection_docs.py generates fails here, with the command that fixes it."""
+
+from __future__ import annotations
+
+from provisioner import collection_docs
+from provisioner.base.paths import PLUGINS_DIR, ROLES_DIR
+
+
+def test_every_generated_file_is_up_to_date():
+    stale = [str(path) for path, text in collection_docs.generated().items() if path.read_text(encoding="utf-8") != text]
+    assert stale == [], "out of date: run `.venv/bin/python -m provisioner.collection_docs`"
+
+
+def test_every_role_and_every_module_is_listed_with_its_own_description():
+    table = collection_docs.collection_table()
+    for role in ROLES_DIR.iterdir():
+        assert f"`vllm_provision.gpu_host.{role.name}` (role) | " in table
+    for module in (PLUGINS_DIR / "modules").glob("*.py"):
+        short = collection_docs.module_doc(module)["short_description"]
+        assert f"`vllm_provision.gpu_host.{module.stem}` (module) | {collection_docs.markdown(short)};" in table
+
+
+def test_every_option_of_every_entry_point_has_its_row():
+    for role in ROLES_DIR.iterdir():
+        table = collection_docs.variables_table(role)
+        for spec in collection_docs.entry_points(role).values():
+            for name in spec.get("options") or {}:
+                assert f"| `{name}` |" in table, (role.name, name)
+
+
+def test_ansible_markup_becomes_markdown():
+    assert collection_docs.markdown("C(16G) or I(none), B(not) U(https://x.y) L(the docs, https://x.y/d) a|b") == \
+        "`16G` or *none*, **not** https://x.y [the docs](https://x.y/d) a\\|b"
+
+
+def test_the_documented_vllm_path_is_the_one_the_roles_run():
+    """The example spec and the docs name the vllm the units run as the spec model computes it (the inventory's
+    vllm_service_bin): `<install_path>/venvs/<version>/bin/vllm`, never a `venv/` of one version."""
+    from provisioner.base.paths import CONTENT_ROOT, SPEC_EXAMPLE
+    from provisioner.spec.models import VllmSettings
+
+    settings = VllmSettings(install_path="/INSTALL", version="0.25.0")
+    documented = settings.venv.replace("/INSTALL", "<install_path>").replace("0.25.0", "<version>") + "/bin/vllm"
+    assert documented == "<install_path>/venvs/<version>/bin/vllm"
+    for path in [SPEC_EXAMPLE, *(CONTENT_ROOT / "docs").glob("*.md"), CONTENT_ROOT / "README.md"]:
+        text = path.read_text(encoding="utf-8")
+        assert "<install_path>/venv/" not in text, path
+    assert documented in SPEC_EXAMPLE.read_text(encoding="utf-8")
