@@ -21,7 +21,7 @@ ResultsOption = Annotated[Path, typer.Option("--results", help="Folder of the ru
 def bench_run(
     instance: Annotated[str, typer.Argument(help="The instance to load (a name from the spec).")],
     spec: SpecOption = None,
-    load: Annotated[str, typer.Option("--load", help="Load profile: chat, single, long-prompt, batch or smoke (provisioner/bench/loads.yml).")] = "chat",
+    load: Annotated[str, typer.Option("--load", help="Load profile: chat, single, long-prompt, batch or smoke (docs/bench.md lists their lengths and concurrencies).")] = "chat",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency; the median is kept.")] = 3,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Store the run set under this name.")] = None,
     sweep: Annotated[str | None, typer.Option(

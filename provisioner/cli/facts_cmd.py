@@ -54,7 +54,7 @@ app = typer.Typer()
 def facts(
     json_output: Annotated[bool, typer.Option("--json", help="Print the facts as JSON.")] = False,
     recording: Annotated[Path | None, typer.Option(
-        "--from-recording", help="Read a recorded nvml.json (tests/fixtures/gpu) instead of this machine.")] = None,
+        "--from-recording", help="Read a recording of NVML's answers (an nvml.json, as docs/gpus.md shows) instead of this machine.")] = None,
     nvidia_smi: Annotated[str, typer.Option(help="nvidia-smi to read with when NVML is not usable.")] = "nvidia-smi",
 ) -> None:
     """Show this machine's NVIDIA GPUs: power limits, persistence mode, PCIe links, clocks, throttle reasons, P2P."""

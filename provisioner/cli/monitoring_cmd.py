@@ -10,7 +10,8 @@ import typer
 
 from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, exit_on_write_error, exit_with, gate_or_exit
 
-app = typer.Typer()
+app = typer.Typer(help="Export the Prometheus configuration of the spec's monitoring (scrape targets, alert rules, "
+                       "Grafana dashboards) for your own Prometheus.", no_args_is_help=True)
 
 
 @app.command("export")

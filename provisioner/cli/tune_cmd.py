@@ -28,7 +28,7 @@ def tune(
     slo: Annotated[str, typer.Option("--slo", help="The SLO, e.g. 'ttft_p99<=200ms,itl_p99<=30ms', or "
                                      "'goodput>=95%,ttft<=200ms,tpot<=50ms' (vLLM's goodput).")],
     spec: SpecOption = None,
-    load: Annotated[str, typer.Option("--load", help="Load profile (provisioner/bench/loads.yml).")] = "concurrent",
+    load: Annotated[str, typer.Option("--load", help="Load profile (docs/bench.md lists them).")] = "concurrent",
     space: Annotated[list[str] | None, typer.Option(
         "--space", metavar="FLAG=V1,V2", help="Search exactly these flags and values, in this order (repeat it); "
         "default: max-num-batched-tokens, max-num-seqs, performance-mode, async-scheduling, max-cudagraph-capture-size.")] = None,

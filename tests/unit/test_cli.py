@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -168,3 +170,26 @@ def test_plan_of_named_hosts_only(tmp_path):
     unknown = invoke("plan", "ws9999", "--spec", path)
     assert unknown.exit_code == 2
     assert unknown.output.strip() == f"no host or group 'ws9999' in {path} — hosts: ws4070, ws3090 (or all)"
+
+
+def test_every_command_and_group_is_described_and_no_help_sends_users_to_source_paths():
+    """An installed user has no checkout: help names commands and docs/, never a module, a test fixture or a role's
+    files; every command and group has a line in `provision --help`."""
+    import click
+    from typer.main import get_command
+
+    root = get_command(app)
+    seen = []
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        seen.append((path, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(root, [])
+    for path, command in seen[1:]:
+        assert (command.short_help or command.help or "").strip(), f"provision {' '.join(path)} has no description"
+    for path, command in seen:
+        texts = [command.help or "", *(getattr(param, "help", "") or "" for param in command.params)]
+        for text in texts:
+            assert not re.search(r"\b(provisioner|tests|roles|plugins)/", text), (path, text)

@@ -9,6 +9,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import yaml
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,3 +59,10 @@ def test_the_lock_pins_each_dependency_inside_its_range_at_the_version_installed
 
 def test_ci_installs_with_the_lock():
     assert "--constraint constraints.txt" in (ROOT / ".ci" / "setup").read_text()
+
+
+def test_the_metadata_names_the_project_urls_galaxy_yml_names():
+    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text(encoding="utf-8"))
+    urls = PROJECT["project"]["urls"]
+    assert {"Homepage", "Documentation", "Source", "Issues", "Changelog"} <= set(urls)
+    assert urls["Source"] == galaxy["repository"]
