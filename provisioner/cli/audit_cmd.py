@@ -14,6 +14,7 @@ from provisioner.cli.common import (
     USAGE_ERROR,
     HostsArgument,
     SpecOption,
+    complete_profiles,
     exit_with,
     gate_or_exit,
     write_to,
@@ -64,7 +65,7 @@ def audit_host(
     known_hosts: Annotated[Path | None, typer.Option(
         "--known-hosts", help="known_hosts file to check the server's key against (strictly).")] = None,
     profile: Annotated[str, typer.Option(
-        "--profile", help="Recommended values to check against: recommended (docs/audit.md, \"Profile mode\").")] = "recommended",
+        "--profile", autocompletion=complete_profiles, help="Recommended values to check against: recommended (docs/audit.md, \"Profile mode\").")] = "recommended",
     junit: JunitOption = None,
     json_file: JsonOption = None,
     every_check: EveryCheckOption = False,

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import INTERRUPTED, PROBLEMS_FOUND, USAGE_ERROR, SpecOption, exit_with, gate_or_exit
+from provisioner.cli.common import (
+    INTERRUPTED,
+    PROBLEMS_FOUND,
+    USAGE_ERROR,
+    SpecOption,
+    complete_instances,
+    complete_loads,
+    exit_with,
+    gate_or_exit,
+)
 
 DEFAULT_RESULTS = Path("bench-results")
 app = typer.Typer(help="Load-test a deployed instance with vLLM's own `vllm bench serve`; compare run sets.",
@@ -19,9 +28,9 @@ ResultsOption = Annotated[Path, typer.Option("--results", help="Folder of the ru
 
 @app.command("run")
 def bench_run(
-    instance: Annotated[str, typer.Argument(help="The instance to load (a name from the spec).")],
+    instance: Annotated[str, typer.Argument(help="The instance to load (a name from the spec).", autocompletion=complete_instances)],
     spec: SpecOption = None,
-    load: Annotated[str, typer.Option("--load", help="Load profile: chat, single, long-prompt, batch or smoke (docs/bench.md lists their lengths and concurrencies).")] = "chat",
+    load: Annotated[str, typer.Option("--load", autocompletion=complete_loads, help="Load profile: chat, single, long-prompt, batch or smoke (docs/bench.md lists their lengths and concurrencies).")] = "chat",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency; the median is kept.")] = 3,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Store the run set under this name.")] = None,
     sweep: Annotated[str | None, typer.Option(

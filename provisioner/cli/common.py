@@ -27,8 +27,38 @@ T = TypeVar("T")
 SpecOption = Annotated[Path | None, typer.Option(
     "--spec", "-s", metavar="FILE", show_default=False,
     help="The spec file (YAML). Default: $PROVISION_SPEC, else ./provision.yml.")]
+
+
+def complete_targets(ctx: typer.Context, incomplete: str) -> list[str]:
+    """<Tab> on a HOST|GROUP argument: the spec's host and group names (the spec of --spec, if given before)."""
+    from provisioner.fleet.completion import matching, target_names
+
+    return matching(target_names(ctx.params.get("spec")), incomplete)
+
+
+def complete_instances(ctx: typer.Context, incomplete: str) -> list[str]:
+    """<Tab> on an INSTANCE argument: the spec's instance names."""
+    from provisioner.fleet.completion import instance_names, matching
+
+    return matching(instance_names(ctx.params.get("spec")), incomplete)
+
+
+def complete_profiles(incomplete: str) -> list[str]:
+    """<Tab> on `audit host --profile`: the audit's profiles."""
+    from provisioner.audit.expectations import PROFILES_DIR
+
+    return sorted(path.stem for path in PROFILES_DIR.glob("*.yml") if path.stem.startswith(incomplete))
+
+
+def complete_loads(incomplete: str) -> list[str]:
+    """<Tab> on `--load`: bench's load profiles."""
+    from provisioner.bench.loads import load_profiles
+
+    return [name for name in load_profiles() if name.startswith(incomplete)]
+
+
 HostsArgument = Annotated[list[str] | None, typer.Argument(
-    metavar="HOST|GROUP", show_default=False,
+    metavar="HOST|GROUP", show_default=False, autocompletion=complete_targets,
     help="Host or group names of the spec, or all. Default: every host.")]
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, gate_or_exit
+from provisioner.cli.common import PROBLEMS_FOUND, SpecOption, complete_targets, gate_or_exit
 
 app = typer.Typer()
 
@@ -14,7 +14,7 @@ app = typer.Typer()
 @app.command()
 def trust(
     hosts: Annotated[list[str], typer.Argument(
-        metavar="HOST|GROUP...", help="Host or group names of the spec, or all.")],
+        metavar="HOST|GROUP...", autocompletion=complete_targets, help="Host or group names of the spec, or all.")],
     spec: SpecOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Record the keys without asking.")] = False,
     replace: Annotated[bool, typer.Option(

@@ -14,6 +14,8 @@ from provisioner.cli.common import (
     PROBLEMS_FOUND,
     USAGE_ERROR,
     SpecOption,
+    complete_instances,
+    complete_loads,
     exit_on_write_error,
     exit_with,
     gate_or_exit,
@@ -24,11 +26,11 @@ app = typer.Typer()
 
 @app.command("tune")
 def tune(
-    instance: Annotated[str, typer.Argument(help="The instance to tune (a name from the spec).")],
+    instance: Annotated[str, typer.Argument(help="The instance to tune (a name from the spec).", autocompletion=complete_instances)],
     slo: Annotated[str, typer.Option("--slo", help="The SLO, e.g. 'ttft_p99<=200ms,itl_p99<=30ms', or "
                                      "'goodput>=95%,ttft<=200ms,tpot<=50ms' (vLLM's goodput).")],
     spec: SpecOption = None,
-    load: Annotated[str, typer.Option("--load", help="Load profile (docs/bench.md lists them).")] = "concurrent",
+    load: Annotated[str, typer.Option("--load", autocompletion=complete_loads, help="Load profile (docs/bench.md lists them).")] = "concurrent",
     space: Annotated[list[str] | None, typer.Option(
         "--space", metavar="FLAG=V1,V2", help="Search exactly these flags and values, in this order (repeat it); "
         "default: max-num-batched-tokens, max-num-seqs, performance-mode, async-scheduling, max-cudagraph-capture-size.")] = None,

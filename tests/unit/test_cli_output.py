@@ -64,6 +64,30 @@ def test_bash_completes_command_names_and_options(typed, offered):
     assert result.stdout.split() == offered
 
 
+def test_bash_completes_the_names_of_the_spec_and_the_profiles(tmp_path):
+    """<Tab> offers the spec's hosts, groups and instances (the spec of --spec, or $PROVISION_SPEC), the audit's
+    profiles and bench's loads; a spec that cannot be read offers nothing, and says nothing."""
+    spec = write_spec(tmp_path / "fleet.yml", spec_data(
+        hosts=[host("ws4070", groups=["rack_a"]), host("ws3090", "192.0.2.10", groups=["rack_a", "big"])],
+        instances=[instance("chat", 8000), instance("code", 8000, on="ws3090")]))
+
+    def offered(typed: str, **env: str) -> list[str]:
+        result = piped(_PROVISION_COMPLETE="complete_bash", COMP_WORDS=typed, COMP_CWORD=str(len(typed.split(" ")) - 1),
+                       **env)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        return result.stdout.split()
+
+    assert offered(f"provision apply --spec {spec} ") == ["ws4070", "ws3090", "rack_a", "big", "all"]
+    assert offered(f"provision audit spec --spec {spec} ws") == ["ws4070", "ws3090"]
+    assert offered("provision plan r", PROVISION_SPEC=str(spec)) == ["rack_a"]
+    assert offered(f"provision bench run --spec {spec} c") == ["chat", "code"]
+    assert offered(f"provision tune --spec {spec} co") == ["code"]
+    assert offered("provision audit host root@h --profile r") == ["recommended"]
+    assert "long-prompt" in offered(f"provision bench run chat --spec {spec} --load l")
+    (tmp_path / "broken.yml").write_text("hosts: [\n")
+    assert offered(f"provision apply --spec {tmp_path / 'broken.yml'} ") == []
+
+
 def test_show_completion_prints_the_script_for_the_shell():
     result = piped("--show-completion", "bash")
     assert result.returncode == 0, result.stderr
