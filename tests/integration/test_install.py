@@ -407,6 +407,39 @@ def test_the_collection_tarball_converges_the_host_with_plain_ansible_playbook(c
     assert "Could not match supplied host pattern" not in played.stdout + played.stderr, played.stderr[-3000:]
 
 
+def lowest_ansible_core() -> str:
+    """The lowest ansible-core the collection says it supports (meta/runtime.yml's requires_ansible, `>=X.Y.Z`)."""
+    requires = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())["requires_ansible"]
+    found = re.fullmatch(r">=\s*(\d+\.\d+\.\d+)", requires.strip())
+    assert found, f"requires_ansible {requires!r}: the test installs its lower bound, written >=X.Y.Z"
+    return found.group(1)
+
+
+def test_the_lowest_supported_ansible_core_converges_the_host_with_the_collection(artefacts, collection_user, host,
+                                                                                   wheel_applied):
+    """The supported range is what CI runs: the lowest ansible-core meta/runtime.yml admits, in a venv of its own
+    (from PyPI, beside the lock's newest one the other tests use), runs the collection's site playbook on the host the
+    wheel applied: every task runs (a changed=0 run still evaluates each), and changes nothing."""
+    _, inventory, applied = wheel_applied
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    version = lowest_ansible_core()
+    base = empty_folder(artefacts.scratch, f"ansible-core-{version}")
+    venv, home = base / "venv", base / "home"
+    timed(f"ansible-core {version}: venv", [sys.executable, "-m", "venv", "--without-pip", venv], cwd=base,
+          env=outside_env(home))
+    timed(f"ansible-core {version}: pip install", [sys.executable, "-m", "pip", "--python", venv / "bin" / "python",
+                                                   "install", "-q", f"ansible-core=={version}"], cwd=base,
+          env=outside_env(home))
+    shown = run([venv / "bin" / "ansible-playbook", "--version"], cwd=base, env=outside_env(home))
+    assert f"[core {version}]" in shown.stdout, shown.stdout
+    lowest = CollectionUser(collection_user.folder, collection_user.env, venv / "bin")
+    played = lowest.playbook(inventory, f"ansible-core {version}: ansible-playbook", home=home)
+    assert played.returncode == 0, played.stdout[-6000:] + played.stderr[-3000:]
+    counts = recap(played.stdout, host.name)
+    assert counts["failed"] == 0 and counts["unreachable"] == 0 and counts["ok"] > 10, counts
+    assert counts["changed"] == 0, played.stdout[-6000:]
+
+
 def test_plain_ansible_playbook_on_the_inventory_still_checks_host_keys(collection_user, from_wheel, host):
     """No ansible.cfg and no environment of ours: the inventory alone keeps ssh strict. A spec whose
     known_hosts file lacks the host's key gives an inventory that ansible-playbook cannot connect with."""
