@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-CONNECT_TIMEOUT_S = 5
+CONNECT_TIMEOUT_S = 10  # ssh's ConnectTimeout (banner exchange included): Ansible's own default `timeout`, so both paths agree
 KEEPALIVE_INTERVAL_S = 5
 KEEPALIVE_COUNT = 3
 LOST_AFTER_S = KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT

@@ -57,6 +57,11 @@ def vm():
     VM_TIMINGS[f"image ({'built' if image.built else 'cached'})"] = image.seconds
     workdir = Path(tempfile.mkdtemp(prefix="vp-vm-", dir="/var/tmp"))
     machine = VirtualMachine.start(image, workdir, accel=accelerator(image), name="kvm0")
+    # qemu's software emulation (TCG) is ~10x slower than a real machine, and CI loads this one's two cores with
+    # two other parts: the VM's sshd may take longer than Ansible's 10 s connect timeout to greet a new connection
+    # (a real host's takes milliseconds); the user's own setting for a slow link, ANSIBLE_TIMEOUT, is given it
+    timeout_before = os.environ.get("ANSIBLE_TIMEOUT")
+    os.environ["ANSIBLE_TIMEOUT"] = "60"
     try:
         VM_TIMINGS["accelerator"] = machine.accel
         VM_TIMINGS["boot to SSH"] = machine.wait_for_ssh(timeout=600)
@@ -64,6 +69,10 @@ def vm():
     finally:
         machine.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+        if timeout_before is None:
+            os.environ.pop("ANSIBLE_TIMEOUT", None)
+        else:
+            os.environ["ANSIBLE_TIMEOUT"] = timeout_before
 
 
 def pytest_terminal_summary(terminalreporter):
