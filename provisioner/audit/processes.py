@@ -42,6 +42,7 @@ import os
 import re
 import socket
 import struct
+import time
 
 PROC = "/proc"
 WANTED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
@@ -277,6 +278,12 @@ def _read(path: str, binary: bool = False):
 
 
 def boot_time() -> float:
+    """When the kernel booted (epoch seconds), to /proc/uptime's hundredth of a second: now less the uptime.
+    (/proc/stat's btime is whole seconds, cut short: a process started a moment after a file changed could read
+    as started up to a second before it, and the file as changed after it: a false `restart pending`.)"""
+    uptime = _read(f"{PROC}/uptime")
+    if uptime:
+        return time.time() - float(uptime.split()[0])
     for line in (_read(f"{PROC}/stat") or "").splitlines():
         if line.startswith("btime "):
             return float(line.split()[1])

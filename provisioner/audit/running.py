@@ -29,10 +29,16 @@ def shown_time(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
+# a process's start is known to a clock tick (10 ms) on a boot time known to /proc/uptime's 10 ms: a file counts as
+# changed after it only beyond that (a unit restarted right after its file was written started after it)
+START_PRECISION_S = 0.05
+
+
 def changed_files(started: float, files: dict[str, float | str | None]) -> list[tuple[str, float]]:
     """(path, mtime) of each file changed after the process started (absent or unread files aside), oldest
     change first."""
-    changed = [(path, mtime) for path, mtime in files.items() if isinstance(mtime, (int, float)) and mtime > started]
+    changed = [(path, mtime) for path, mtime in files.items()
+               if isinstance(mtime, (int, float)) and mtime > started + START_PRECISION_S]
     return sorted(changed, key=lambda entry: (entry[1], entry[0]))
 
 

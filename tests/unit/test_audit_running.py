@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import testinfra
@@ -359,3 +360,13 @@ def test_a_server_whose_process_the_scan_could_not_read_has_unknown_ports_and_vl
     assert running.listening_words(server) == "ports not read"
     assert running.running_version(server) == (None, "/proc/9/maps not read, no /version answer")
     assert running.listening_words({"listening": []}) == "no TCP port"
+
+
+def test_the_boot_time_is_read_to_a_hundredth_not_cut_to_the_second():
+    """/proc/stat's btime is whole seconds, cut short: a unit restarted a moment after its file was written read as
+    started before the file changed (a false restart pending, seen in CI's drift matrix)."""
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    assert abs(processes.boot_time() - (time.time() - uptime)) < 0.05
+    # a file within the start's precision (20 ms after the start as read) is no pending restart; a second after it is
+    assert running.changed_files(1000.0, {"/etc/vllm/chat.yaml": 1000.02}) == []
+    assert running.changed_files(1000.0, {"/etc/vllm/chat.yaml": 1001.0}) == [("/etc/vllm/chat.yaml", 1001.0)]
