@@ -5,6 +5,8 @@
   every keyword pydantic writes here is a draft-07 keyword (tests/unit/test_docs.py checks both); `provision schema` prints it, `provision init` writes it beside the spec
   (`provision.schema.json`) for editors (the yaml-language-server modeline).
 - `reference_markdown()`: docs/spec.md, the annotated example and a table of every field.
+- `example_with_modeline()` / `write_example_key()`: what `provision init` writes: the annotated example and the API
+  key file it names (so that the untouched example plans).
 
 The schema checks each field's shape (types, ranges, patterns, unknown keys); the checks across fields (names,
 ports, GPU references, memory shares, flags against vLLM's catalog, files on disk) run when a command loads the
