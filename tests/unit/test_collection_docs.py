@@ -1,16 +1,16 @@
 """The collection's reference is generated from the collection (issue 36, point 4): each role README's variables
 table from its argument_specs, docs/ansible.md's roles and modules from the roles and the modules themselves. A
-file that differs from what provisioner/collection_docs.py generates fails here, with the command that fixes it."""
+file that differs from what provisioner/validation/collection_docs.py generates fails here, with the command that fixes it."""
 
 from __future__ import annotations
 
-from provisioner import collection_docs
+from provisioner.validation import collection_docs
 from provisioner.base.paths import PLUGINS_DIR, ROLES_DIR
 
 
 def test_every_generated_file_is_up_to_date():
     stale = [str(path) for path, text in collection_docs.generated().items() if path.read_text(encoding="utf-8") != text]
-    assert stale == [], "out of date: run `.venv/bin/python -m provisioner.collection_docs`"
+    assert stale == [], "out of date: run `.venv/bin/python -m provisioner.validation.collection_docs`"
 
 
 def test_every_role_and_every_module_is_listed_with_its_own_description():
