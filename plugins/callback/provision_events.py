@@ -121,6 +121,6 @@ class CallbackModule(CallbackBase):
         self._result("runner_item_on_skipped", result)
 
     def v2_playbook_on_stats(self, stats):
-        self._write("playbook_on_stats", **{key: getattr(stats, key)
-                                             for key in ("ok", "changed", "failures", "dark", "skipped", "processed")})
+        counts = {key: getattr(stats, key) for key in ("ok", "changed", "failures", "dark", "skipped", "processed")}
+        self._write("playbook_on_stats", **counts)
         self._stream.close() if self._stream is not None else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import fcntl
 import getpass
 import json
-import os
 import socket
 import time
 
@@ -39,8 +38,8 @@ def run_of(pid: int) -> dict:
 
 def gone_from_here(holder: dict) -> bool:
     """The holder ran on this controller and its process is no more (or is another process with its pid)."""
-    machine, _, rest = str(holder.get("id", "")).partition("/")
-    pid, _, start = rest.partition("/")
+    machine, dummy, rest = str(holder.get("id", "")).partition("/")
+    pid, dummy, start = rest.partition("/")
     return machine == machine_id() and pid.isdigit() and process_start(int(pid)) != start
 
 

@@ -120,7 +120,7 @@ def option(options, name):
     """The last `name=value` of a comma-separated option list; None when absent."""
     value = None
     for word in options.split(","):
-        key, _, found = word.partition("=")
+        key, dummy, found = word.partition("=")
         if key.strip() == name:
             value = found.strip()
     return value
@@ -153,13 +153,13 @@ def with_own_shm_line(fstab, line):
 def unit_settings(text, section, key):
     """The values of `key` in `section` of a unit file, in order (an empty assignment resets)."""
     values, current = [], None
-    for _, line in numbered(text):
+    for dummy, line in numbered(text):
         if line.startswith(";"):
             continue
         if line.startswith("[") and line.endswith("]"):
             current = line[1:-1]
         elif current == section and "=" in line:
-            name, _, value = line.partition("=")
+            name, dummy, value = line.partition("=")
             if name.strip() == key:
                 values = [] if not value.strip() else values + [value.strip()]
     return values
@@ -254,7 +254,7 @@ def modprobe_state(files, module):
                 state["install"] = (" ".join(words[2:]), path, number)
             elif words[0] == "options":
                 for word in words[2:]:
-                    name, _, value = word.partition("=")
+                    name, dummy, value = word.partition("=")
                     state["options"][name] = (value, path, number)
     return state
 
@@ -340,7 +340,7 @@ def grub_cmdline(files):
 
 def split_origin(origin):
     """'PATH line N (VARIABLE)' → (PATH, N)."""
-    path, _, rest = origin.partition(" line ")
+    path, dummy, rest = origin.partition(" line ")
     return path, int(rest.split()[0])
 
 
@@ -395,7 +395,7 @@ def grub_finding(files, flags, module):
         word, origin = modeset[-1]
         path, number = split_origin(origin)
         return finding(check, expected, f"{word} last, from {origin}", False, path, line_of(files, path, number))
-    missing = [flag for flag in flags if flag not in {word for word, _ in words}]
+    missing = [flag for flag in flags if flag not in {word for word, dummy in words}]
     if missing:
         origin = grub_variables(files)[1].get(GRUB_VARIABLES[0])
         if origin is None:

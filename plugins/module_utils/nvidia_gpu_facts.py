@@ -74,7 +74,7 @@ def reason_names(mask):
     if mask is None:
         return None
     names = [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
-    known = sum(bit for bit, _ in CLOCK_EVENT_REASONS)
+    known = sum(bit for bit, dummy in CLOCK_EVENT_REASONS)
     if mask & ~known:
         names.append("other_0x%x" % (mask & ~known))
     return names
@@ -363,7 +363,7 @@ NOT_AVAILABLE = ("", "N/A", "[N/A]", "[Not Supported]", "[Unknown Error]", "[Ins
 
 def query_arguments():
     """nvidia-smi's arguments for the facts: --query-gpu=<fields> --format=csv."""
-    fields = [field for field, _, _ in QUERY_FIELDS] + [DRIVER_FIELD]
+    fields = [field for field, dummy, dummy in QUERY_FIELDS] + [DRIVER_FIELD]
     return ["--query-gpu=" + ",".join(fields), "--format=csv"]
 
 

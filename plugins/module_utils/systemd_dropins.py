@@ -61,7 +61,7 @@ def unit_settings(text):
         if line.startswith("[") and line.endswith("]"):
             section = line[1:-1].strip()
         elif "=" in line:
-            key, _, value = line.partition("=")
+            key, dummy, value = line.partition("=")
             settings.append((section, key.strip(), value.strip()))
     return settings
 
@@ -173,7 +173,7 @@ def touches(changes, setting):
 def dropin_dir_names(unit):
     """The drop-in directory names systemd reads for `unit`, most specific first:
     vllm-chat.service.d, vllm-.service.d (one per dash prefix), service.d (every unit of the type)."""
-    name, _, kind = unit.rpartition(".")
+    name, dummy, kind = unit.rpartition(".")
     names = [unit + ".d"]
     parts = name.split("-")
     for count in range(len(parts) - 1, 0, -1):

@@ -19,7 +19,7 @@ description:
   - C(state=released) gives the lock back when this run holds it, and leaves another run's alone.
   - The lock is bookkeeping of the run, not the host's configuration - it never reports a change.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   state:
     description: Take, renew or give back the lock.
@@ -30,6 +30,7 @@ options:
     description: This run - C(id) (unique per run), C(user), C(controller), C(pid) (the run's process on its
       controller), C(started) (epoch seconds). The action plugin of the same name sets it.
     type: dict
+    default: {}
   lease:
     description: Seconds a holder that does not renew keeps the lock.
     type: int
@@ -41,6 +42,8 @@ options:
     description: The lock's record.
     type: path
     default: /var/lib/vllm-provision/apply.lock
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -48,6 +51,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 """
 

@@ -21,7 +21,7 @@ description:
     a download apt refuses for the archives' lock are tried again every 2 s. Past the bound the task fails with one
     sentence - the package manager is busy, apt's line naming the process that holds the lock, how long it waited.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   packages:
     description: The packages, each C(NAME) or C(NAME=VERSION) (Debian's version, epoch included).
@@ -48,6 +48,8 @@ options:
     description: How many seconds the task waits for apt's locks, its commands together, before it fails.
     type: int
     default: 300
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -55,6 +57,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: debian
 notes:
   - Needs root (C(become)).
@@ -193,7 +196,7 @@ def main():
         module.fail_json(msg=str(error), **result)
     if params["lock_timeout"] < 0:
         module.fail_json(msg="lock_timeout must be 0 or more seconds, got %d" % params["lock_timeout"], **result)
-    names = sorted({name for _, name, _ in parsed})
+    names = sorted({name for dummy, name, dummy in parsed})
     rc, out, err = module.run_command(["dpkg-query", "--show", "--showformat=" + FORMAT] + names,
                                       environ_update=ENVIRONMENT)
     if rc not in (0, 1):  # 1: a package dpkg knows nothing of
@@ -205,7 +208,7 @@ def main():
         module.exit_json(msg="installed already: %s" % ", ".join(params["packages"]), **result)
     result.update(changed=True, installed=missing)
     said = ", ".join("%s (now %s)" % (entry, found[name]) if found[name] else entry
-                     for entry, name, _ in parsed if entry in missing)
+                     for entry, name, dummy in parsed if entry in missing)
     if module.check_mode:
         module.exit_json(msg="would install %s" % said, **result)
 

@@ -18,7 +18,7 @@ description:
     check fails stays drained and recorded (RV(kept) says why) - the next run tries again.
   - A server out of rotation with no record is someone else's (an operator's) - never touched, listed in RV(others).
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   socket:
     description: HAProxy's admin socket.
@@ -33,6 +33,8 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -40,6 +42,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 """
 

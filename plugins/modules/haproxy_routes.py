@@ -18,7 +18,7 @@ description:
     fall below, the task fails naming the route, what each other server is doing and the fix, before anything is
     drained. Nothing is ever changed.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   socket:
     description: HAProxy's admin socket (role gateway writes C(/run/haproxy/admin.sock)).
@@ -44,6 +44,8 @@ options:
     type: str
     choices: [fail, ignore]
     default: ignore
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -51,6 +53,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 notes:
   - Needs access to the socket (C(become), or a member of group C(haproxy) for role gateway's C(mode 660)).

@@ -23,7 +23,7 @@ description:
     inherited or configured maintenance, forced or inherited drain); C(show stat)'s C(status) would hide
     a drain while the server is C(DOWN).
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   socket:
     description: HAProxy's admin socket (C(stats socket PATH level admin) in haproxy.cfg; role gateway writes C(/run/haproxy/admin.sock)).
@@ -84,6 +84,8 @@ options:
   host:
     description: The host of the server's replica, kept in its record (a later run puts back the servers of a host it reaches).
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -92,6 +94,7 @@ attributes:
     support: full
     details: The administrative state before and after, e.g. C(ready) then C(drain).
   platform:
+    support: full
     platforms: posix
 notes:
   - Needs access to the socket (C(become), or a user of group C(haproxy) for role gateway's C(mode 660)).
@@ -269,7 +272,7 @@ def run(module):
     elif module.params["shutdown_sessions"]:
         left = result["after"]["sessions"]
         command(path, "shutdown sessions server %s" % name)
-        result["after"], finished, _ = wait_for(is_drained, read, 5, 0.1)
+        result["after"], finished, dummy = wait_for(is_drained, read, 5, 0.1)
         result["shutdown"] = left
         message += "; %d session(s) shut down%s" % (left, " after %g s" % result["waited"] if result["waited"] else "")
     else:

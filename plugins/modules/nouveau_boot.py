@@ -17,7 +17,7 @@ description:
   - Fails, naming each file and the line to remove, where a file that is not one of O(own) decides against
     the blacklist; changes nothing itself.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   flags:
     description: The role's kernel command line flags (C(nouveau_kernel_cmdline_flags)).
@@ -32,6 +32,8 @@ options:
     description: The directory that stands for the host's C(/) (tests).
     type: path
     default: /
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -39,6 +41,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 """
 

@@ -29,7 +29,7 @@ description:
   - Where no module was loaded (and nouveau is not), loads the new one with C(modprobe nvidia); returns why a
     reboot is still needed (C(facts.reboot_reasons)). It never reboots.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   state:
     description: C(facts) only reads; C(present) installs the branch where the host is not at it.
@@ -90,6 +90,8 @@ options:
     description: How many seconds the task waits for apt's locks, its apt commands together, before it fails.
     type: int
     default: 300
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -99,6 +101,7 @@ attributes:
     support: full
     details: Before and after - one C(package version) line per package of the driver's sets and the headers.
   platform:
+    support: full
     platforms: debian
 notes:
   - Needs root (C(become)).
@@ -340,7 +343,7 @@ class Host:
         return self.run(["dpkg", "--print-architecture"])[1].strip()
 
     def modinfo(self, kernel, module):
-        rc, out, _ = self.run(["modinfo", "-k", kernel, "-F", "version", module], check=False)
+        rc, out, dummy = self.run(["modinfo", "-k", kernel, "-F", "version", module], check=False)
         return out.strip() or None if rc == 0 else None
 
     def build_log(self, facts):
@@ -450,7 +453,7 @@ def transaction(host, facts, packages, result):
 
 def simulate(host, argv):
     """What apt-get would do: the steps of its simulation (a failure is the real run's to report)."""
-    rc, out, _ = host.run(argv, check=False)
+    rc, out, dummy = host.run(argv, check=False)
     return parse_simulation(out) if rc == 0 else []
 
 
@@ -468,7 +471,7 @@ def purge_orphans(host, globs):
 def predicted(facts, steps):
     """The driver's packages after a simulated transaction: {name: version}."""
     names = set(facts["set"]["packages"] + facts["set"]["companions"] + facts["other_packages"] + facts["headers"])
-    after = {name: version for name, version in facts["installed"].items()}
+    after = dict(facts["installed"])
     for step in steps:
         if step["package"] not in names:
             continue
@@ -514,7 +517,7 @@ def present(host, facts, packages, result):
         else:
             result["remove"] += purge_orphans(host, params["cleanup"])
             facts, packages = host.read()
-            problems = [problem for problem in facts["not_at_branch"]]
+            problems = list(facts["not_at_branch"])
             if problems:
                 raise Failed("after installing, the host is not at the branch: %s%s" % (
                     "; ".join(problems), host.build_log(facts)))

@@ -22,7 +22,7 @@ description:
   - Power limits set this way last until the driver unloads or the host reboots; role nvidia_gpu installs a boot
     unit that applies them again.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   persistence_mode:
     description: Persistence mode wanted on every GPU of the host; null leaves it as it is.
@@ -56,6 +56,18 @@ options:
     description: The nvidia-smi executable (a name looked up on the PATH, or a path); used to set, and to read without NVML.
     type: str
     default: nvidia-smi
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads the GPUs and reports what would change; it never sets anything.
+  diff_mode:
+    support: full
+    details: Each GPU's persistence mode and power limit before and after.
+  platform:
+    support: full
+    platforms: posix
 notes:
   - Check mode reads the GPUs and reports what would change; it never sets anything.
   - Diff mode shows each GPU's persistence mode and power limit before and after.

@@ -18,7 +18,7 @@ description:
     unit) - the message names each file; it is not the role's to change.
   - The rules are plugins/module_utils/boot_config.py's, which the audit shares.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   line:
     description: Our C(/etc/fstab) line for C(/dev/shm).
@@ -28,6 +28,8 @@ options:
     description: The directory that stands for the host's C(/) (tests).
     type: path
     default: /
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -36,6 +38,7 @@ attributes:
     support: full
     details: C(/etc/fstab) before and after.
   platform:
+    support: full
     platforms: posix
 """
 

@@ -23,7 +23,7 @@ description:
   - A glob key (C(vm.*)) is never a conflict - systemd-sysctl does not let a glob override a key that has an
     explicit assignment.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   file:
     description: Our sysctl.d file (the role's C(sysctl_file)); the files read after it are the ones checked.
@@ -41,13 +41,18 @@ options:
     description: The directory that stands for the host's C(/) (tests); every path is read and written under it.
     type: path
     default: /
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Reports exactly what it would neutralise; writes nothing.
+    details: Reports exactly what it would neutralise; writes nothing.
   diff_mode:
     support: full
-    description: Each file written, before and after.
+    details: Each file written, before and after.
+  platform:
+    support: full
+    platforms: posix
 notes:
   - Writing needs root (C(become)).
 """

@@ -25,7 +25,7 @@ description:
     of that name in the search path) is removed. A runtime mask under the unit file in C(/etc) masks nothing and is left.
   - The caller runs C(systemctl daemon-reload) and restarts the unit when the task changed something.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   unit:
     description: The unit's name, e.g. C(vllm-chat.service).
@@ -39,6 +39,8 @@ options:
     description: The root of the tree the unit search path is under (an image's or a container's); C(/) is the host's own.
     type: path
     default: /
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -47,6 +49,7 @@ attributes:
     support: full
     details: Before - each file it removes with its content; after - none of them.
   platform:
+    support: full
     platforms: posix
 notes:
   - Needs root (C(become)) to remove files under C(/etc) and C(/run).

@@ -23,7 +23,7 @@ description:
     peer did and is back once the group met again.
   - Changes nothing.
 version_added: "0.1.0"
-author: vllm-provision
+author: vllm-provision contributors (@vllm-provision)
 options:
   instances:
     description: The names of the instances listed for the host (the role's C(vllm_service_instances)); the files of
@@ -65,6 +65,8 @@ options:
     description: The root of the tree the files are under (an image's, a test's); C(/) is the host's own. C(systemctl) is the host's.
     type: path
     default: /
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -72,6 +74,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 notes:
   - Reads C(/etc/vllm/previous/), which is root's (0700).
@@ -351,9 +354,10 @@ def main():
 
     stale = [name for name in names if name not in listed]
     files = instance_files(root, config_dir, written, sorted(set(names) | set(listed)))
+    started_from = {name: [entry["path"] for entry in files if entry["name"] == name and entry["kind"] != "compose file"]
+                    for name in with_unit}
     outdated = [name for name in with_unit if units[name]["active_state"] in ("active", "activating")
-                and newer_than_process(root, shown[name], [entry["path"] for entry in files if entry["name"] == name
-                                                            and entry["kind"] != "compose file"])]
+                and newer_than_process(root, shown[name], started_from[name])]
     module.exit_json(
         changed=False,
         written=sorted(written),
