@@ -1,8 +1,9 @@
 """Shell completion of the names a command takes from the spec: hosts, groups (a host's `groups:`, `all`), instances;
 and the audit's profiles and bench's loads.
 
-Completion runs on every <Tab>: the spec is read as plain YAML (no validation, so a spec being edited still
-completes), quickly, and nothing here ever raises: a spec that cannot be read completes nothing.
+Completion runs on every <Tab>: the spec is read as YAML with the spec's own bounded loader (aliases bounded, no
+duplicate keys) but not validated, so a spec being edited still completes; only a regular file is read (a FIFO named
+as the spec would block the shell); nothing here ever raises: a spec that cannot be read completes nothing.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from provisioner.fleet.selection import DEFAULT_SPEC, SPEC_ENV
+from provisioner.spec.errors import SpecError
+from provisioner.spec.loading import decode_spec, parse_yaml
 
 
 def spec_data(option: str | Path | None) -> dict[str, Any]:
@@ -21,8 +22,10 @@ def spec_data(option: str | Path | None) -> dict[str, Any]:
     there is none or it cannot be read."""
     path = Path(option) if option else Path(os.environ[SPEC_ENV]) if os.environ.get(SPEC_ENV) else DEFAULT_SPEC
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeError, yaml.YAMLError):
+        if not path.is_file():
+            return {}
+        data = parse_yaml(decode_spec(path.read_bytes(), str(path)), str(path))
+    except (OSError, SpecError):
         return {}
     return data if isinstance(data, dict) else {}
 

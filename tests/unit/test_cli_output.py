@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -86,6 +87,17 @@ def test_bash_completes_the_names_of_the_spec_and_the_profiles(tmp_path):
     assert "long-prompt" in offered(f"provision bench run chat --spec {spec} --load l")
     (tmp_path / "broken.yml").write_text("hosts: [\n")
     assert offered(f"provision apply --spec {tmp_path / 'broken.yml'} ") == []
+    # hostile specs complete nothing, at once: a FIFO (reading it would block the shell), aliases that expand
+    # without bound, a duplicate key
+    os.mkfifo(tmp_path / "fifo.yml")
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + level)}: &{chr(98 + level)} [{', '.join([f'*{chr(97 + level)}'] * 10)}]\n" for level in range(8))
+    (tmp_path / "laughs.yml").write_text(laughs + "hosts: [{name: laughing}]\n")
+    (tmp_path / "twice.yml").write_text("hosts: [{name: a}]\nhosts: [{name: b}]\n")
+    for hostile in ("fifo.yml", "laughs.yml", "twice.yml"):
+        started = time.monotonic()
+        assert offered(f"provision apply --spec {tmp_path / hostile} ") == [], hostile
+        assert time.monotonic() - started < 10, hostile
 
 
 def test_show_completion_prints_the_script_for_the_shell():

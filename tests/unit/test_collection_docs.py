@@ -48,3 +48,15 @@ def test_the_documented_vllm_path_is_the_one_the_roles_run():
         text = path.read_text(encoding="utf-8")
         assert "<install_path>/venv/" not in text, path
     assert documented in SPEC_EXAMPLE.read_text(encoding="utf-8")
+
+
+def test_a_file_without_its_generated_block_is_refused_naming_the_markers(tmp_path):
+    import pytest
+
+    readme = tmp_path / "README.md"
+    with pytest.raises(ValueError, match="README.md: no generated block — put the lines"):
+        collection_docs.between_markers("# a role\n\n## Variables\n| a | b |\n", "| x |", "meta/argument_specs.yml", readme)
+    marked = collection_docs.between_markers(
+        f"intro\n{collection_docs.BEGIN.format(source='s')}\n| old |\n{collection_docs.END}\nafter\n", "| new |", "s",
+        readme)
+    assert marked == f"intro\n{collection_docs.BEGIN.format(source='s')}\n| new |\n{collection_docs.END}\nafter\n"
