@@ -60,3 +60,40 @@ def test_a_file_without_its_generated_block_is_refused_naming_the_markers(tmp_pa
         f"intro\n{collection_docs.BEGIN.format(source='s')}\n| old |\n{collection_docs.END}\nafter\n", "| new |", "s",
         readme)
     assert marked == f"intro\n{collection_docs.BEGIN.format(source='s')}\n| new |\n{collection_docs.END}\nafter\n"
+
+
+def test_the_contract_table_names_exactly_the_variables_the_inventory_writes(tmp_path, monkeypatch):
+    """docs/variables.md's host_vars table (written by hand: which spec field becomes which variable) names every
+    variable the inventory writes into a host's host_vars, no other, each with the role whose argument_specs
+    declare it; types and defaults are in the generated table below it, not restated."""
+    import re
+
+    from provisioner.fleet.inventory import build_inventory
+    from provisioner.spec import load_spec, validate_spec
+    from tests.unit import test_audit_check_docs as samples
+    from tests.unit.conftest import instance, spec_data
+    from tests.unit.test_vault_secrets import PASSWORD, encrypt
+
+    (tmp_path / "vault.pass").write_text(PASSWORD + "\n")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(tmp_path / "vault.pass"))
+    vaulted = spec_data(instances=[instance("chat", 8000, env={"TOKEN_ID": {"vault": encrypt("s")}})])
+    specs = [load_spec(path) for path in sorted(samples.EXAMPLES_DIR.glob("*.yml"))]
+    specs += [validate_spec(data, check_files=False) for data in (
+        samples.containers_spec(), samples.gateway_spec(), samples.managed_driver_spec(), samples.monitoring_spec(),
+        samples.multinode_spec(), vaulted)]
+    written = {name for spec in specs for path, content in build_inventory(spec).items()
+               if path.startswith("host_vars/") for name in content}
+
+    text = collection_docs.VARIABLES_DOC.read_text(encoding="utf-8")
+    table = text.split("## host_vars/<host>.yml (one per host)\n", 1)[1].split("\n\n", 2)[1]
+    documented: dict[str, str] = {}
+    for line in table.splitlines()[2:]:
+        names, role = line.split(" | ")[:2]
+        for name in re.findall(r"`([a-z_]+)`", names):
+            documented[name] = role.strip()
+    assert set(documented) == written
+    options = {role.name: set(collection_docs.role_options(role)) for role in collection_docs.roles()}
+    site = (collection_docs.CONTENT_ROOT / "playbooks" / "site.yml").read_text(encoding="utf-8")
+    options["(site.yml)"] = {name for name in documented if name in site}  # the playbook's own, read there
+    undeclared = {name: role for name, role in documented.items() if name not in options.get(role, set())}
+    assert undeclared == {}, "named with a role whose argument_specs do not declare it"
