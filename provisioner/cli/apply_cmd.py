@@ -39,6 +39,9 @@ def apply(
         "takes them (repeatable).")] = None,
     verbose: Annotated[int, typer.Option(
         "--verbose", "-v", count=True, help="Ansible's own output too (-vvv: more of it).")] = 0,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Show only the tasks that changed something or failed, and the summary (the run "
+        "log keeps every task).")] = False,
     forks: Annotated[int | None, typer.Option("--forks", "-f", help="Hosts Ansible works on at once.")] = None,
     ask_become_pass: Annotated[bool, typer.Option(
         "--ask-become-pass", "-K", help="Ask for the sudo password (sent to Ansible's prompt, never stored).")] = False,
@@ -78,7 +81,7 @@ def apply(
     from provisioner.cli.apply_view import Output, print_result, show_summary, summary_json
     from provisioner.validation.preflight import PreflightError
 
-    out = Output(to_stderr=as_json)
+    out = Output(to_stderr=as_json, quiet=quiet)
     json_to = STDOUT if as_json else None
     gated = gate_or_exit(spec, hosts, preflight=False, json_to=json_to, nothing=NOTHING_APPLIED)  # usage errors first
     spec, loaded, chosen = gated.path, gated.spec, [host.name for host in gated.hosts]

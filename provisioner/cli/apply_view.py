@@ -19,14 +19,15 @@ from provisioner.cli.console import make_console
 class Output:
     """Where apply's lines go: the terminal (stdout; stderr under --json) and the run log, alike."""
 
-    def __init__(self, to_stderr: bool = False):
+    def __init__(self, to_stderr: bool = False, quiet: bool = False):
         self.consoles = [make_console(stderr=to_stderr)]
+        self.quiet = quiet  # the terminal shows no task that found its host as it should be; the run log does
 
     def keep_log(self, log: RunLog) -> None:
         self.consoles.append(make_console(file=log))  # not a terminal: no colours, no line cut
 
-    def print(self, *objects, **options) -> None:
-        for console in self.consoles:
+    def print(self, *objects, log_only: bool = False, **options) -> None:
+        for console in self.consoles[1:] if log_only else self.consoles:
             console.print(*objects, **options)
 
 
@@ -43,17 +44,18 @@ def print_result(result: TaskResult, console: Output) -> None:
     """One line per task and host, as results arrive."""
     if result.status == "skipped":
         return
+    log_only = console.quiet and result.status == "ok"
     style = STATUS_STYLE[result.status]
     line = f"[{style}]{result.status:>11}[/] {result.host:<16} {result.label}"
     if result.message:
         line += f"\n{'':>12} [red]{escape(redact(result.message))}[/]"
-    console.print(line)
+    console.print(line, log_only=log_only)
     for note in result.notes:
-        console.print(f"{'':>12} {redact(note)}", markup=False, style="dim")
+        console.print(f"{'':>12} {redact(note)}", markup=False, style="dim", log_only=log_only)
     for entry in result.diffs:
         text = unified_diff(entry)
         if text:
-            console.print(redact(text), markup=False, style="dim")
+            console.print(redact(text), markup=False, style="dim", log_only=log_only)
 
 
 def summary_table(result: ApplyResult, check: bool) -> Table:

@@ -62,11 +62,11 @@ def demo() -> int:
         if provision("plan", "--spec", str(spec)) != 0:
             return 1
         t = step("apply")
-        if provision("apply", "--spec", str(spec)) != 0:
+        if provision("apply", "-q", "--spec", str(spec)) != 0:
             return 1
         print(f"first apply: {time.monotonic() - t:.1f} s")
         t = step("apply again (must change nothing)")
-        if provision("apply", "--spec", str(spec)) != 0:
+        if provision("apply", "-q", "--spec", str(spec)) != 0:
             return 1
         print(f"second apply: {time.monotonic() - t:.1f} s")
         step("the instance answers from the bastion")
@@ -81,7 +81,7 @@ def demo() -> int:
         if provision("audit", "spec", "--spec", str(spec)) != 1:
             return 1
         step("apply repairs it; the audit passes again")
-        if provision("apply", "--spec", str(spec)) != 0 or provision("audit", "spec", "--spec", str(spec)) != 0:
+        if provision("apply", "-q", "--spec", str(spec)) != 0 or provision("audit", "spec", "--spec", str(spec)) != 0:
             return 1
     print(f"\ndemo done in {time.monotonic() - started:.1f} s; the lab is torn down")
     return 0

@@ -226,3 +226,26 @@ def test_a_table_in_a_terminal_is_laid_out_by_rich_to_fit_it():
     terminal = _Console(file=out, force_terminal=True, width=40, highlight=False, soft_wrap=True)
     print_table(terminal, ("variable", "value"), [("VLLM_LOGGING_LEVEL", LONG)], "environment")
     assert max(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) for line in out.getvalue().splitlines()) <= 40
+
+
+def test_apply_quiet_shows_the_changes_and_failures_the_run_log_keeps_every_task(capsys):
+    from provisioner.apply.events import TaskResult
+    from provisioner.cli.apply_view import Output, print_result
+
+    results = [TaskResult("gpu1", "sysctl", "Write the settings", "ok"),
+               TaskResult("gpu1", "shm", "Mount /dev/shm", "changed", notes=["size 16G"]),
+               TaskResult("gpu1", "nouveau", "Blacklist", "skipped"),
+               TaskResult("gpu1", "vllm_service", "Start", "failed", message="not ready")]
+    for quiet in (False, True):
+        log = io.StringIO()
+        out = Output(quiet=quiet)
+        out.consoles.append(make_console(file=log))  # as keep_log does, on a run log
+        for result in results:
+            print_result(result, out)
+        shown, kept = capsys.readouterr().out, log.getvalue()
+        assert ("sysctl : Write the settings" in shown) is not quiet
+        for text in ("changed gpu1", "shm : Mount /dev/shm", "size 16G", "failed gpu1", "not ready"):
+            assert text in shown
+        ok_line = [line for line in kept.splitlines() if "sysctl : Write the settings" in line]
+        assert len(ok_line) == 1 and "Blacklist" not in kept
+        assert shown.splitlines() == [line for line in kept.splitlines() if not quiet or line not in ok_line]
