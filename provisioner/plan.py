@@ -31,6 +31,8 @@ from provisioner.validation.roles import (
     render_role_file,
     render_string,
 )
+from provisioner.vllm.memory import ModelShapeError, load_model_shape
+from provisioner.vllm.semantics import semantic_changes
 from provisioner.vllm.serve_args import ANY_ADDRESS
 
 
@@ -73,6 +75,8 @@ class HostPlan:
     driver: DriverCheck | None = None  # the driver gate: what the host's vLLM builds need, what is known of its driver
     # roles node_exporter's and prometheus's files, where the spec has monitoring: (docs/monitoring.md)
     monitoring_files: list[PlannedFile] = field(default_factory=list)
+    # each flag an instance runs with that changes what the model generates, and why (provisioner/vllm/semantics.yml)
+    semantic_changes: list[str] = field(default_factory=list)
 
     @property
     def memory_problems(self) -> list[str]:
@@ -101,7 +105,22 @@ def host_plan(host: Host, instances: list[Instance], spec: Spec | None = None) -
     plan = host_files(host, host_variables(host, instances, spec))
     driver = driver_check(host, instances)
     return replace(plan, warnings=host_warnings(host, instances) + list(driver.warnings),
-                   memory=host_memory(host, instances), driver=driver)
+                   memory=host_memory(host, instances), driver=driver, semantic_changes=instance_semantics(instances))
+
+
+def instance_semantics(instances: list[Instance]) -> list[str]:
+    """Each semantic flag the instances run with (a multi-node instance's once, on its first node), from their
+    own options or their profile's."""
+    changes = []
+    for instance in instances:
+        if instance.node_rank:
+            continue
+        try:
+            context = load_model_shape(instance.model).max_position_embeddings
+        except (ModelShapeError, OSError, ValueError):  # no shape known here: every max-model-len is named
+            context = None
+        changes += [change.text for change in semantic_changes(instance.name, instance.serve_options, context)]
+    return changes
 
 
 def host_files(host: Host, variables: dict[str, Any]) -> HostPlan:

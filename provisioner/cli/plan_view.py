@@ -40,6 +40,8 @@ def show_host_plan(console: Console, plan: HostPlan) -> None:
     print_rule(console, f"{plan.host} ({plan.address})")
     for warning in plan.warnings:
         say(console, f"[yellow]warning:[/] {escape(redact(warning))}")
+    for change in plan.semantic_changes:
+        say(console, f"[cyan]semantic:[/] {escape(redact(change))}")
     for note in plan.driver.notes if plan.driver else ():
         say(console, escape(note))
 

@@ -34,6 +34,9 @@ def tune(
     space: Annotated[list[str] | None, typer.Option(
         "--space", metavar="FLAG=V1,V2", help="Search exactly these flags and values, in this order (repeat it); "
         "default: max-num-batched-tokens, max-num-seqs, performance-mode, async-scheduling, max-cudagraph-capture-size.")] = None,
+    allow_semantic: Annotated[list[str] | None, typer.Option(
+        "--allow-semantic", metavar="FLAG", help="Let --space search FLAG although it changes what the model "
+        "generates (provisioner/vllm/semantics.yml); --write then puts it into the instance's own options.")] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency and candidate; the median is kept.")] = 3,
     budget_minutes: Annotated[float, typer.Option("--budget-minutes", min=0.1, help="Stop before a candidate would end past this.")] = 60,
     max_candidates: Annotated[int, typer.Option("--max-candidates", min=1, help="Measure at most this many candidates.")] = 20,
@@ -80,7 +83,7 @@ def tune(
     try:
         target = bench_target(loaded, instance, vllm)
         version = loaded.host(target.instance.host).vllm.version
-        axes = search_space(version, overrides)
+        axes = search_space(version, overrides, tuple(flag.replace("_", "-") for flag in allow_semantic or []))
     except ValueError as error:
         fail(USAGE_ERROR, str(error))
     budget = Budget(seconds=budget_minutes * 60, candidates=max_candidates)

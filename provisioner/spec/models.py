@@ -511,7 +511,7 @@ class Instance(_Model):
         0.9, gt=0, le=1, description="--gpu-memory-utilization: this instance's share of each of its GPUs"
     )
     profile: Literal["latency", "throughput"] | None = Field(
-        None, description="planner profile: latency (one user, fastest tokens) or throughput (many users); null: vLLM's defaults"
+        None, description="planner profile, performance flags only (what the model generates is kept): latency (the prefill chunk and CUDA graphs that cut the per-token tail under load) or throughput (vLLM's defaults); null: vLLM's defaults"
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="other `vllm serve` flags: long names without --, e.g. {max-model-len: 4096}"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.vllm.flags import load_catalog, option_problems
+from provisioner.vllm.semantics import flag_kind, why
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,11 @@ class SpaceError(ValueError):
     """A flag or value the pinned vLLM would reject; the message names it and the fix."""
 
 
-def search_space(version: str, overrides: dict[str, tuple[Any, ...]] | None = None) -> tuple[Axis, ...]:
+def search_space(version: str, overrides: dict[str, tuple[Any, ...]] | None = None,
+                 allow_semantic: tuple[str, ...] = ()) -> tuple[Axis, ...]:
     """The axes searched: the default ones, or exactly `overrides` (flag → values, in order) — each
-    flag and value checked against `version`'s catalog."""
+    flag and value checked against `version`'s catalog, and each a performance flag (semantics.yml) unless
+    `allow_semantic` names it: a tune never changes what the model generates unasked."""
     if overrides:
         axes = tuple(_axis(flag, values) for flag, values in overrides.items())
     else:
@@ -66,6 +69,14 @@ def search_space(version: str, overrides: dict[str, tuple[Any, ...]] | None = No
                 problems.append(f"{axis.flag}={value}: {message}")
     if problems:
         raise SpaceError("--space: the search space has flags or values vLLM would reject: " + "; ".join(problems))
+    semantic = [axis.flag for axis in axes if flag_kind(axis.flag) != "performance" and axis.flag not in allow_semantic]
+    if semantic:
+        raise SpaceError("--space: " + "; ".join(
+            f"{flag} changes what the model generates ({why(flag)})" if flag_kind(flag) == "semantic" else
+            f"{flag} is not known to change only speed and memory ({why(flag)})" for flag in semantic)
+            + " — provision tune searches only flags that keep the model's outputs; to search "
+            + ("it" if len(semantic) == 1 else "them") + " anyway, accept the change for this instance: "
+            + " ".join(f"--allow-semantic {flag}" for flag in semantic))
     return axes
 
 

@@ -367,8 +367,8 @@ def test_plan_json_is_the_whole_plan_with_secrets_redacted():
     assert sorted(plan) == ["hosts", "problems", "spec"] and plan["problems"] == []
     (ws3090,) = plan["hosts"]
     assert sorted(ws3090) == ["address", "driver", "fstab_line", "gateway_file", "host", "memory", "memory_problems",
-                              "monitoring_files", "nouveau_files", "removed_files", "routes", "sysctl_file", "sysctls",
-                              "units", "warnings"]
+                              "monitoring_files", "nouveau_files", "removed_files", "routes", "semantic_changes",
+                              "sysctl_file", "sysctls", "units", "warnings"]
     assert ws3090["driver"]["notes"] == [
         "driver not declared: apply reads it from the host — vLLM 0.25.0 (CUDA 13.0) needs ≥ 580"]
     assert ws3090["driver"]["needs"][0]["build"]["cuda"] == "13.0"

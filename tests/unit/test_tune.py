@@ -337,6 +337,12 @@ def test_tune_when_nothing_meets_the_slo_names_the_closest_writes_nothing_and_ex
     (("--slo", "ttft_p99<=200ms", "--space", "max_num_seq=8"),
      "error: --space: the search space has flags or values vLLM would reject: max-num-seq=8: vLLM 0.25.0 has no flag "
      "--max-num-seq — did you mean 'max-num-seqs'"),
+    (("--slo", "ttft_p99<=200ms", "--space", "generation-config=vllm,auto"),
+     "error: --space: generation-config changes what the model generates (vllm ignores the model's "
+     "generation_config.json: "),
+    (("--slo", "ttft_p99<=200ms", "--space", "generation_config=vllm", "--space", "max-num-seqs=8",
+      "--allow-semantic", "max-num-seqs"),
+     "to search it anyway, accept the change for this instance: --allow-semantic generation-config"),
     (("--slo", "ttft_p99<=200ms", "--load", "chatt"), "error: --load 'chatt': no load profile of that name — choose one of: chat,"),
     (("--slo", "ttft_p99<=200ms", "--from-results", "/nonexistent/t"), "error: --from-results /nonexistent/t: no "
      "such folder — give the folder holding one run set per candidate"),
