@@ -2,7 +2,9 @@
 
 Only options of the pinned vLLM's `bench serve` parser (provisioner/vllm/catalogs) are used: vLLM's
 random dataset with exact lengths (--ignore-eos), all requests sent at once (request rate inf) and
-held to `concurrency` in flight, every latency percentile we compare, the result saved as JSON.
+held to `concurrency` in flight, or (arrivals) sent at a request rate with gamma-distributed gaps
+(--request-rate, --burstiness; at most the arrivals' max_concurrency in flight), every latency percentile we
+compare, the result saved as JSON.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from provisioner.bench.loads import Load
+from provisioner.bench.loads import Arrivals, Load
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (50, 90, 99)
@@ -28,9 +30,14 @@ class Endpoint:
 
 def bench_argv(vllm: str, endpoint: Endpoint, load: Load, concurrency: int, seed: int,
                result_dir: str, result_filename: str, metadata: dict[str, str] | None = None,
-               goodput: tuple[str, ...] = ()) -> list[str]:
+               goodput: tuple[str, ...] = (), arrivals: Arrivals | None = None) -> list[str]:
     """argv of one `vllm bench serve` run (vllm: the `vllm` executable on the host); goodput: vLLM's
-    per-request SLO (`ttft:200` …), its result then holds request_goodput."""
+    per-request SLO (`ttft:200` …), its result then holds request_goodput; arrivals: at a request rate
+    (`concurrency` is then ignored)."""
+    prompts = arrivals.num_prompts(load.min_prompts) if arrivals else load.num_prompts(concurrency)
+    pace = (["--max-concurrency", str(arrivals.max_concurrency), "--request-rate", f"{arrivals.rate:g}",
+             "--burstiness", f"{arrivals.burstiness:g}"] if arrivals else
+            ["--max-concurrency", str(concurrency), "--request-rate", "inf"])
     argv = [
         vllm, "bench", "serve",
         "--backend", "vllm",
@@ -43,9 +50,8 @@ def bench_argv(vllm: str, endpoint: Endpoint, load: Load, concurrency: int, seed
         "--random-output-len", str(load.output_len),
         "--random-range-ratio", "0",
         "--ignore-eos",
-        "--num-prompts", str(load.num_prompts(concurrency)),
-        "--max-concurrency", str(concurrency),
-        "--request-rate", "inf",
+        "--num-prompts", str(prompts),
+        *pace,
         "--seed", str(seed),
         "--percentile-metrics", ",".join(PERCENTILE_METRICS),
         "--metric-percentiles", ",".join(map(str, PERCENTILES)),

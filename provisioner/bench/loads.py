@@ -1,7 +1,9 @@
-"""Named load profiles (loads.yml): what one `provision bench` run set sends."""
+"""Named load profiles (loads.yml): what one `provision bench` run set sends; and arrivals at a request rate
+(Poisson, or gamma for bursts), which a tune measures beside the load's fixed concurrencies."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,32 @@ class Load:
 
     def num_prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, concurrency * self.prompts_per_client)
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Requests arriving at `rate` per second, the gaps between them drawn from a gamma distribution (vLLM's
+    `bench serve --request-rate R --burstiness B`: B = 1 is a Poisson process, B < 1 burstier, B > 1 more even),
+    at most `max_concurrency` in flight, for about `seconds` (the run sends rate × seconds requests)."""
+
+    rate: float
+    burstiness: float = 1.0
+    max_concurrency: int = 256
+    seconds: float = 30.0
+
+    def num_prompts(self, minimum: int) -> int:
+        return max(minimum, math.ceil(self.rate * self.seconds))
+
+    @property
+    def label(self) -> str:
+        """36/s Poisson, or 36/s gamma 0.5."""
+        shape = "Poisson" if self.burstiness == 1 else f"gamma {self.burstiness:g}"
+        return f"{self.rate:g}/s {shape}"
+
+    @property
+    def key(self) -> str:
+        """The runs' file names and a summary's key: q36-b1."""
+        return f"q{self.rate:g}-b{self.burstiness:g}"
 
 
 def load_profiles(path: Path = LOADS_FILE) -> dict[str, Load]:

@@ -3,7 +3,8 @@
 A run set is one `provision bench` invocation (or one value of a sweep): a folder holding
   runset.json        what was measured: instance, host, model, load profile, server options, floor
   runs/c<C>-r<R>.json  vLLM's own result JSON of each run, with our context under "provision"
-  summary.json       per concurrency, the median of each metric over the repeats
+  runs/q<RATE>-b<B>-r<R>.json  the same, of a run at a request rate (arrivals: a tune's --rate)
+  summary.json       per concurrency (and per rate, as q<RATE>-b<B>), the median of each metric over the repeats
 Run sets are named (`--baseline NAME`, or <instance>-<UTC time>) and found by name under the results
 folder, or by path.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.base.secrets import redact_data
+from provisioner.bench.loads import Arrivals
 
 # the metrics a summary keeps: vLLM's result keys (latencies in ms, throughputs per second)
 THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
@@ -31,19 +33,27 @@ class ResultError(ValueError):
 
 @dataclass
 class Run:
-    """One `vllm bench serve` run: its concurrency, repeat and seed, and vLLM's result JSON."""
+    """One `vllm bench serve` run: its concurrency (with arrivals: the most in flight), repeat and seed, its
+    arrivals (None: every request at once, held to `concurrency` in flight), and vLLM's result JSON."""
 
     concurrency: int
     repeat: int
     seed: int
     result: dict[str, Any]
+    arrivals: Arrivals | None = None
 
     @property
     def file_name(self) -> str:
+        if self.arrivals:
+            return f"{self.arrivals.key}-r{self.repeat}.json"
         return f"c{self.concurrency}-r{self.repeat}.json"
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.result, "provision": {"concurrency": self.concurrency, "repeat": self.repeat, "seed": self.seed}}
+        context: dict[str, Any] = {"concurrency": self.concurrency, "repeat": self.repeat, "seed": self.seed}
+        if self.arrivals:
+            context["arrivals"] = {"rate": self.arrivals.rate, "burstiness": self.arrivals.burstiness,
+                                   "max_concurrency": self.arrivals.max_concurrency, "seconds": self.arrivals.seconds}
+        return {**self.result, "provision": context}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str = "result") -> "Run":
@@ -55,7 +65,13 @@ class Run:
         if missing:
             raise ResultError(f"{source}: not a `vllm bench serve` result — missing {', '.join(missing)}")
         result = {key: value for key, value in data.items() if key != "provision"}
-        return cls(concurrency, int(context.get("repeat", 0)), int(context.get("seed", -1)), result)
+        arrivals = context.get("arrivals")
+        try:
+            arrivals = Arrivals(float(arrivals["rate"]), float(arrivals["burstiness"]), int(arrivals["max_concurrency"]),
+                                float(arrivals["seconds"])) if arrivals is not None else None
+        except (KeyError, TypeError, ValueError):
+            raise ResultError(f"{source}: provision.arrivals is not rate, burstiness, max_concurrency, seconds") from None
+        return cls(concurrency, int(context.get("repeat", 0)), int(context.get("seed", -1)), result, arrivals)
 
 
 @dataclass
@@ -66,26 +82,40 @@ class RunSet:
 
     @property
     def concurrencies(self) -> list[int]:
-        return sorted({run.concurrency for run in self.runs})
+        """The concurrencies of the runs that sent every request at once (not those at a rate)."""
+        return sorted({run.concurrency for run in self.runs if run.arrivals is None})
+
+    @property
+    def arrivals(self) -> list[Arrivals]:
+        """The request rates measured (a tune's --rate), by rate."""
+        return sorted({run.arrivals for run in self.runs if run.arrivals}, key=lambda a: (a.rate, a.burstiness))
 
     def summary(self) -> dict[int, dict[str, float]]:
         """Per concurrency, the median over repeats of every metric all its runs report."""
-        summary: dict[int, dict[str, float]] = {}
-        for concurrency in self.concurrencies:
-            runs = [run.result for run in self.runs if run.concurrency == concurrency]
-            keys = [key for key in (*THROUGHPUTS, *LATENCIES, *COUNTS)
-                    if all(isinstance(result.get(key), (int, float)) for result in runs)]
-            summary[concurrency] = {key: statistics.median(result[key] for result in runs) for key in keys}
-            summary[concurrency]["repeats"] = len(runs)
-        return summary
+        return {concurrency: medians([run.result for run in self.runs
+                                      if run.arrivals is None and run.concurrency == concurrency])
+                for concurrency in self.concurrencies}
+
+    def rate_summary(self) -> dict[Arrivals, dict[str, float]]:
+        """Per request rate measured, the median over repeats of every metric all its runs report."""
+        return {arrivals: medians([run.result for run in self.runs if run.arrivals == arrivals])
+                for arrivals in self.arrivals}
 
     def save(self, folder: Path) -> Path:
         (folder / "runs").mkdir(parents=True, exist_ok=True)
         for run in self.runs:
             _write_json(folder / "runs" / run.file_name, run.to_json())
         _write_json(folder / "runset.json", {"name": self.name, **self.meta})
-        _write_json(folder / "summary.json", {str(c): values for c, values in self.summary().items()})
+        _write_json(folder / "summary.json", {**{str(c): values for c, values in self.summary().items()},
+                                              **{a.key: values for a, values in self.rate_summary().items()}})
         return folder
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over runs of every metric all of them report, and how many runs."""
+    keys = [key for key in (*THROUGHPUTS, *LATENCIES, *COUNTS)
+            if all(isinstance(result.get(key), (int, float)) for result in results)]
+    return {**{key: statistics.median(result[key] for result in results) for key in keys}, "repeats": len(results)}
 
 
 def load_run_set(folder: Path) -> RunSet:
@@ -97,7 +127,12 @@ def load_run_set(folder: Path) -> RunSet:
     if not runs:
         raise ResultError(f"{folder}: the run set holds no runs")
     name = meta.pop("name", folder.name)
-    return RunSet(name, meta, sorted(runs, key=lambda run: (run.concurrency, run.repeat)))
+    return RunSet(name, meta, sorted(runs, key=run_order))
+
+
+def run_order(run: Run) -> tuple:
+    """Runs at once by concurrency, then runs at a rate by rate; each by repeat."""
+    return (run.arrivals is not None, run.arrivals.rate if run.arrivals else 0.0, run.concurrency, run.repeat)
 
 
 def find_run_set(name_or_path: str, results_dir: Path) -> RunSet:
@@ -108,7 +143,7 @@ def find_run_set(name_or_path: str, results_dir: Path) -> RunSet:
         joined = RunSet(name_or_path, {**parts[0].meta, "joined": [part.name for part in parts]})
         for part in parts:
             joined.runs += part.runs
-        joined.runs.sort(key=lambda run: (run.concurrency, run.repeat))
+        joined.runs.sort(key=run_order)
         return joined
     for candidate in (results_dir / name_or_path, Path(name_or_path)):
         if (candidate / "runset.json").is_file():

@@ -15,7 +15,7 @@ from typing import Any
 
 from provisioner.bench.command import bench_argv, shell_command
 from provisioner.bench.floor import Bandwidth, measure_bandwidth, tpot_floor_ms
-from provisioner.bench.loads import Load
+from provisioner.bench.loads import Arrivals, Load
 from provisioner.bench.results import Run, RunSet
 from provisioner.bench.target import BenchTarget
 from provisioner.fleet.remote import RemoteError
@@ -35,17 +35,21 @@ def run_set_name(target: BenchTarget, now: datetime | None = None) -> str:
 
 
 def run_bench(target: BenchTarget, load: Load, repeats: int, name: str, on_run: OnRun | None = None,
-              meta: dict[str, Any] | None = None, goodput: tuple[str, ...] = ()) -> RunSet:
-    """Run the load `repeats` times against the target; every request must complete (goodput: see bench_argv)."""
+              meta: dict[str, Any] | None = None, goodput: tuple[str, ...] = (),
+              arrivals: tuple[Arrivals, ...] = (), concurrencies: tuple[int, ...] | None = None) -> RunSet:
+    """Run the load `repeats` times against the target: its concurrencies (or `concurrencies`), then each of
+    `arrivals`; every request must complete (goodput: see bench_argv)."""
     shell = target.shell
     remote_dir = shell.run("mktemp -d /tmp/provision-bench.XXXXXX").stdout.strip()
     run_set = RunSet(name, {**describe(target, load, repeats), **(meta or {})})
+    points = [(concurrency, None) for concurrency in (load.concurrency if concurrencies is None else concurrencies)]
+    points += [(pace.max_concurrency, pace) for pace in arrivals]
     try:
         for repeat in range(1, repeats + 1):
-            for concurrency in load.concurrency:
+            for concurrency, pace in points:
                 if on_run:
                     on_run("start", concurrency, repeat, None)
-                run = one_run(target, load, concurrency, repeat, remote_dir, goodput)
+                run = one_run(target, load, concurrency, repeat, remote_dir, goodput, pace)
                 run_set.runs.append(run)
                 if on_run:
                     on_run("done", concurrency, repeat, run)
@@ -55,11 +59,11 @@ def run_bench(target: BenchTarget, load: Load, repeats: int, name: str, on_run: 
 
 
 def one_run(target: BenchTarget, load: Load, concurrency: int, repeat: int, remote_dir: str,
-            goodput: tuple[str, ...] = ()) -> Run:
+            goodput: tuple[str, ...] = (), arrivals: Arrivals | None = None) -> Run:
     seed = secrets.randbelow(2**31)
-    file_name = f"c{concurrency}-r{repeat}.json"
+    file_name = Run(concurrency, repeat, seed, {}, arrivals).file_name
     argv = bench_argv(target.vllm, target.endpoint, load, concurrency, seed, remote_dir, file_name,
-                      metadata={"instance": target.name, "load": load.name}, goodput=goodput)
+                      metadata={"instance": target.name, "load": load.name}, goodput=goodput, arrivals=arrivals)
     command = shell_command(argv, env=target.environment, key_on_stdin=target.api_key is not None)
     stdin = f"{target.api_key}\n" if target.api_key is not None else None
     try:
@@ -67,13 +71,14 @@ def one_run(target: BenchTarget, load: Load, concurrency: int, repeat: int, remo
         result = json.loads(target.shell.read_text(f"{remote_dir}/{file_name}"))
     except (RemoteError, ValueError) as error:
         raise BenchError(f"{target.name}: `vllm bench serve` at concurrency {concurrency} failed: {error}") from None
-    expected = load.num_prompts(concurrency)
+    expected = arrivals.num_prompts(load.min_prompts) if arrivals else load.num_prompts(concurrency)
     if result.get("completed") != expected or result.get("failed"):
         tail = "\n".join(output.stdout.splitlines()[-15:])
-        raise BenchError(f"{target.name}: at concurrency {concurrency}, {result.get('completed')} of {expected} "
+        where = f"at {arrivals.label}" if arrivals else f"at concurrency {concurrency}"
+        raise BenchError(f"{target.name}: {where}, {result.get('completed')} of {expected} "
                          f"requests completed ({result.get('failed')} failed) — the server is overloaded or "
                          f"erroring; its journal says why. vllm bench serve said:\n{tail}")
-    return Run(concurrency, repeat, seed, result)
+    return Run(concurrency, repeat, seed, result, arrivals)
 
 
 def describe(target: BenchTarget, load: Load, repeats: int) -> dict[str, Any]:

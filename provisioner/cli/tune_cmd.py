@@ -37,6 +37,15 @@ def tune(
     allow_semantic: Annotated[list[str] | None, typer.Option(
         "--allow-semantic", metavar="FLAG", help="Let --space search FLAG although it changes what the model "
         "generates (provisioner/vllm/semantics.yml); --write then puts it into the instance's own options.")] = None,
+    rate: Annotated[float | None, typer.Option(
+        "--rate", metavar="REQ/S", min=0.001, help="Also measure each candidate with requests arriving at this "
+        "rate (Poisson unless --burstiness), and judge the SLO there: under real arrivals, not one burst.")] = None,
+    burstiness: Annotated[float, typer.Option(
+        "--burstiness", min=0.01, max=100, help="With --rate: the arrivals' gamma shape, vLLM's --burstiness "
+        "(1: Poisson; below 1 burstier, above 1 more even).")] = 1.0,
+    rate_seconds: Annotated[float, typer.Option(
+        "--rate-seconds", min=1, help="With --rate: how long each run at the rate sends requests (rate × this "
+        "many requests).")] = 30.0,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency and candidate; the median is kept.")] = 3,
     budget_minutes: Annotated[float, typer.Option("--budget-minutes", min=0.1, help="Stop before a candidate would end past this.")] = 60,
     max_candidates: Annotated[int, typer.Option("--max-candidates", min=1, help="Measure at most this many candidates.")] = 20,
@@ -51,7 +60,7 @@ def tune(
     from rich.markup import escape
 
     from provisioner.base.secrets import redact
-    from provisioner.bench.loads import get_load
+    from provisioner.bench.loads import Arrivals, get_load
     from provisioner.bench.results import ResultError
     from provisioner.bench.session import BenchError, run_set_name
     from provisioner.bench.sweep import parse_sweep
@@ -75,6 +84,9 @@ def tune(
     try:  # every input checked before any host is touched
         parsed_slo = parse_slo(slo)
         profile = get_load(load)
+        if rate is None and (burstiness != 1.0 or rate_seconds != 30.0):
+            raise ValueError("--burstiness and --rate-seconds shape the arrivals of --rate — give --rate REQ/S too")
+        at = Arrivals(rate, burstiness, max(profile.concurrency), rate_seconds) if rate is not None else None
         overrides = {sweep.flag: sweep.values for sweep in (parse_sweep(text, "--space") for text in space or [])}
     except ValueError as error:
         fail(USAGE_ERROR, str(error))
@@ -96,10 +108,10 @@ def tune(
     untouched = "nothing was measured" if from_results else "the instance's config is as it was before the tune"
     try:
         if from_results is not None:
-            result = replay(from_results, parsed_slo, axes, budget, deployed=target.instance.serve_options)
+            result = replay(from_results, parsed_slo, axes, budget, deployed=target.instance.serve_options, at=at)
         else:
             result = run_with_progress(console, loaded, target, parsed_slo, profile, axes, repeats, folder, budget,
-                                       vllm)
+                                       vllm, at)
     except SpecError as error:
         print_spec_problems(console, error, "nothing was changed on the host")
         exit_with(PROBLEMS_FOUND)
@@ -108,12 +120,12 @@ def tune(
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]; the instance's config is as it was before the tune")
         exit_with(INTERRUPTED)
-    choice = report(console, result, parsed_slo, axes, target, folder)
+    choice = report(console, result, parsed_slo, axes, target, folder, at)
     if choice.winner is None:
         exit_with(PROBLEMS_FOUND)
     if write:
         with exit_on_write_error(spec_path):
             try:
-                write_winner_to(console, spec_path, target, version, choice.winner, folder, profile, parsed_slo)
+                write_winner_to(console, spec_path, target, version, choice.winner, folder, profile, parsed_slo, at)
             except (SpecError, ValueError) as error:
                 fail(PROBLEMS_FOUND, f"--write: the spec was left as it was: {error}")

@@ -17,6 +17,7 @@ from provisioner.bench.plots import PlotsUnavailable
 from provisioner.bench.target import BenchTarget
 from provisioner.spec import Spec
 from provisioner.tune.measure import run_tune
+from provisioner.bench.loads import Arrivals
 from provisioner.tune.plot import plot_pareto
 from provisioner.tune.search import Budget, Candidate, Choice, Outcome, SearchResult, pareto_front
 from provisioner.tune.slo import Slo
@@ -26,7 +27,7 @@ from provisioner.tune.write import write_winner
 
 def run_with_progress(console: Console, spec: Spec, target: BenchTarget, slo: Slo, load: Load,
                       axes: tuple[Axis, ...], repeats: int, folder: Path, budget: Budget,
-                      vllm: str | None) -> SearchResult:
+                      vllm: str | None, at: Arrivals | None = None) -> SearchResult:
     count = [0]
 
     def on_event(event: str, candidate: Candidate) -> None:
@@ -36,21 +37,28 @@ def run_with_progress(console: Console, spec: Spec, target: BenchTarget, slo: Sl
         elif event == "bench":
             count[0] += 1
             console.print(f"candidate {count[0]}: {escape(redact(candidate.label))} — vllm bench serve, load "
-                          f"{load.name}, {repeats} run(s) per concurrency")
+                          f"{load.name}, {repeats} run(s) per concurrency" + (f" and at {at.label}" if at else ""))
         else:
             console.print(f"restoring the deployed config of {target.unit}")
 
-    run = run_tune(spec, target.name, slo, load, axes, repeats, folder, budget, vllm, on_event=on_event)
+    run = run_tune(spec, target.name, slo, load, axes, repeats, folder, budget, vllm, on_event=on_event, at=at)
     for why in run.dropped:
         console.print(f"left out: {escape(why)}")
     return run.result
 
 
+def judged_where(at: Arrivals | None) -> str:
+    """Where the SLO is judged: every concurrency of the load, or at a request rate."""
+    if at is None:
+        return "every concurrency"
+    return f"{at.label} arrivals, at most {at.max_concurrency} in flight"
+
+
 def report(console: Console, result: SearchResult, slo: Slo, axes: tuple[Axis, ...], target: BenchTarget,
-           folder: Path) -> Choice:
+           folder: Path, at: Arrivals | None = None) -> Choice:
     """The table, the notes, which candidates could share a GPU, the plot, the winner; returns the choice."""
     choice = result.choice
-    console.print(outcome_table(result.outcomes, slo, choice))
+    console.print(outcome_table(result.outcomes, slo, choice, at))
     for note in result.notes:
         console.print(f"note: {escape(redact(note))}")
     groups = side_by_side_groups([outcome.changes for outcome in result.outcomes], axes,
@@ -60,12 +68,14 @@ def report(console: Console, result: SearchResult, slo: Slo, axes: tuple[Axis, .
         " + ".join(result.outcomes[index].name for index in group) for group in shared) if shared else
         "none of these candidates (each changes GPU memory, or one share leaves no room for a second)"))
     try:
-        console.print(f"Pareto plot: {plot_pareto(result.outcomes, folder / 'pareto.png', title=f'{target.name}: {slo.text}')}")
+        title = f"{target.name}: {slo.text} at {judged_where(at)}"
+        console.print(f"Pareto plot: {plot_pareto(result.outcomes, folder / 'pareto.png', title=title)}")
     except PlotsUnavailable as missing:
         console.print(escape(str(missing)))
     if choice.winner is not None:
         console.print(f"[bold green]winner:[/] {escape(choice.winner.name)} — {choice.winner.throughput:.0f} output tok/s "
-                      f"at concurrency {choice.winner.concurrency}, meets {escape(slo.text)}")
+                      f"at concurrency {choice.winner.concurrency}, meets {escape(slo.text)}"
+                      + (f" at {escape(at.label)}" if at else ""))
         if choice.note:
             console.print(escape(choice.note))
     elif choice.closest is not None:
@@ -81,10 +91,10 @@ def describe_worst(outcome: Outcome) -> str:
     return f"{term}: not reported" if ratio is None else f"{term}: {ratio * 100:.0f} % of its limit"
 
 
-def outcome_table(outcomes: list[Outcome], slo: Slo, choice: Choice) -> Table:
+def outcome_table(outcomes: list[Outcome], slo: Slo, choice: Choice, at: Arrivals | None = None) -> Table:
     front = {id(outcome) for outcome in pareto_front(outcomes)}
     baseline = next((outcome for outcome in outcomes if outcome.name == "baseline"), None)
-    table = Table(title=f"candidates against {slo.text} (every concurrency; tok/s at the highest)")
+    table = Table(title=f"candidates against {slo.text} ({judged_where(at)}; tok/s at the highest concurrency)")
     for column in ("candidate", "output tok/s", "Δ baseline", *(term for term in outcomes[0].values if outcomes),
                    "meets", "Pareto"):
         table.add_column(column, justify="left" if column == "candidate" else "right")
@@ -100,12 +110,13 @@ def outcome_table(outcomes: list[Outcome], slo: Slo, choice: Choice) -> Table:
 
 
 def write_winner_to(console: Console, spec_path: Path, target: BenchTarget, version: str, winner: Outcome,
-                    folder: Path, load: Load, slo: Slo) -> None:
+                    folder: Path, load: Load, slo: Slo, at: Arrivals | None = None) -> None:
     if not winner.changes:
         console.print("nothing to write: the deployed config is the winner")
         return
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    comment = (f"{date}: run set {folder}/{winner.name}, load {load.name}, SLO {slo.text}: "
+    comment = (f"{date}: run set {folder}/{winner.name}, load {load.name}, SLO {slo.text}"
+               f"{f' at {at.label}' if at else ''}: "
                f"{winner.throughput:.0f} output tok/s at concurrency {winner.concurrency}")
     write_winner(spec_path, target.name, option_changes(version, winner.changes), comment)
     console.print(f"wrote {escape(winner.name)} into {spec_path} (instance {escape(target.name)}); "

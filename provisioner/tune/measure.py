@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from provisioner.base.secrets import redact
-from provisioner.bench.loads import Load
+from provisioner.bench.loads import Arrivals, Load
 from provisioner.bench.results import ResultError, load_run_set
 from provisioner.bench.session import OnRun, run_bench
 from provisioner.bench.sweep import changed_spec, restored_config
@@ -49,8 +49,8 @@ def parse_label(label: str) -> dict[str, Any]:
 class RecordedResults:
     """measure() from run sets on disk: FOLDER/<candidate label>/ (runset.json, runs/*.json)."""
 
-    def __init__(self, folder: Path, slo: Slo):
-        self.folder, self.slo = folder, slo
+    def __init__(self, folder: Path, slo: Slo, at: Arrivals | None = None):
+        self.folder, self.slo, self.at = folder, slo, at
         if not folder.is_dir():
             raise ResultError(f"{folder}: no such folder of recorded run sets")
 
@@ -58,19 +58,19 @@ class RecordedResults:
         folder = self.folder / candidate.label
         if not (folder / "runset.json").is_file():
             raise Skipped(f"not recorded (no {folder})")
-        return evaluate(load_run_set(folder), self.slo, candidate.label, candidate.as_dict())
+        return evaluate(load_run_set(folder), self.slo, candidate.label, candidate.as_dict(), self.at)
 
     def all(self) -> list[Outcome]:
         """Every run set of the folder, by name."""
-        return [evaluate(load_run_set(path.parent), self.slo, path.parent.name, parse_label(path.parent.name))
+        return [evaluate(load_run_set(path.parent), self.slo, path.parent.name, parse_label(path.parent.name), self.at)
                 for path in sorted(self.folder.glob("*/runset.json"))]
 
 
 def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None = None,
-           deployed: dict[str, Any] | None = None) -> SearchResult:
+           deployed: dict[str, Any] | None = None, at: Arrivals | None = None) -> SearchResult:
     """The search over recorded run sets; run sets it did not visit join the outcomes after it (the
-    winner is chosen from all of them), marked in the notes."""
-    recorded = RecordedResults(folder, slo)
+    winner is chosen from all of them), marked in the notes. `at`: the SLO judged at that request rate."""
+    recorded = RecordedResults(folder, slo, at)
     result = search(axes, recorded, budget, deployed=deployed)
     visited = {outcome.name for outcome in result.outcomes}
     for outcome in recorded.all():
@@ -90,10 +90,10 @@ class TuneRun:
 
 def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[Axis, ...], repeats: int,
              folder: Path, budget: Budget | None = None, vllm: str | None = None,
-             on_event: OnEvent | None = None, on_run: OnRun | None = None) -> TuneRun:
+             on_event: OnEvent | None = None, on_run: OnRun | None = None, at: Arrivals | None = None) -> TuneRun:
     """The search, live on the instance (module docstring). Every flag value alone is validated first
     (a flag or value vLLM lacks: SpecError, nothing touched); a value whose plan does not fit the GPU is
-    dropped with a note."""
+    dropped with a note. `at`: each candidate is also measured at that request rate, where the SLO is judged."""
     target = bench_target(spec, instance_name, vllm)
     version = spec.host(target.instance.host).vllm.version
     kept_axes, dropped = [], []
@@ -128,10 +128,11 @@ def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[A
             if on_event:
                 on_event("bench", candidate)
             run_set = run_bench(target, load, repeats, candidate.label, on_run=on_run,
-                                meta={"tune": {"changes": candidate.as_dict(), "slo": slo.text}},
-                                goodput=tuple(slo.goodput_args()))
+                                meta={"tune": {"changes": candidate.as_dict(), "slo": slo.text,
+                                               "slo_at": at.label if at else None}},
+                                goodput=tuple(slo.goodput_args()), arrivals=(at,) if at else ())
             run_set.save(folder / candidate.label)
-            return evaluate(run_set, slo, candidate.label, candidate.as_dict())
+            return evaluate(run_set, slo, candidate.label, candidate.as_dict(), at)
 
         result = search(tuple(kept_axes), measure, budget, deployed=target.instance.serve_options)
     return TuneRun(result, target, folder, dropped)

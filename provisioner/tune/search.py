@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.bench.loads import Arrivals
 from provisioner.bench.results import RunSet
 from provisioner.tune.slo import Slo
 from provisioner.tune.space import Axis
@@ -71,13 +72,15 @@ class Outcome:
         return max((math.inf if ratio is None else ratio for ratio in self.ratios.values()), default=0.0)
 
 
-def evaluate(run_set: RunSet, slo: Slo, name: str | None = None, changes: dict[str, Any] | None = None) -> Outcome:
-    """The run set against the SLO: every concurrency it measured must meet it."""
+def evaluate(run_set: RunSet, slo: Slo, name: str | None = None, changes: dict[str, Any] | None = None,
+             at: Arrivals | None = None) -> Outcome:
+    """The run set against the SLO: every concurrency it measured must meet it; or, `at` a request rate (a
+    tune's --rate), the runs at that rate alone (a run set without them: every term unreported)."""
     summary = run_set.summary()
+    judged = [run_set.rate_summary().get(at, {})] if at else [summary[c] for c in sorted(summary)]
     ratios: dict[str, float | None] = {}
     values: dict[str, float | None] = {}
-    for concurrency in sorted(summary):
-        measured = summary[concurrency]
+    for measured in judged:
         for term, ratio in slo.ratios(measured).items():
             if ratio is None or ratios.get(term, 0.0) is None:
                 ratios[term] = None
@@ -92,9 +95,9 @@ def evaluate(run_set: RunSet, slo: Slo, name: str | None = None, changes: dict[s
             share = good / total if good is not None and total else None
             label = next(term for term in slo.ratios(measured) if term.startswith("goodput"))
             values[label] = None if share is None or values.get(label, 1.0) is None else min(values.get(label, share), share)
-    top = max(summary)
-    return Outcome(name or run_set.name, dict(changes or {}), summary[top].get("output_throughput", 0.0),
-                   ratios, values, top, run_set)
+    top = max(summary) if summary else (at.max_concurrency if at else 0)
+    throughput = (summary[top] if summary else judged[0]).get("output_throughput", 0.0)
+    return Outcome(name or run_set.name, dict(changes or {}), throughput, ratios, values, top, run_set)
 
 
 def better(new: Outcome, old: Outcome, min_gain: float = MIN_GAIN) -> bool:

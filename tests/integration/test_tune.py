@@ -133,23 +133,32 @@ def test_an_interrupted_tune_puts_the_deployed_config_back(deployed, tmp_path):
     assert host.ssh("systemctl is-active vllm-chat.service").stdout.strip() == "active"
 
 
-def test_a_goodput_slo_is_measured_by_vllm_bench_serve_itself(deployed, tmp_path):
-    """vLLM's goodput (`vllm bench serve --goodput ttft:2000`): every request is good here, so both
-    candidates meet it and the faster one, the deployed config, stays; --write has nothing to write."""
+def test_a_goodput_slo_at_a_request_rate_is_measured_by_vllm_bench_serve_itself(deployed, tmp_path):
+    """vLLM's goodput (`vllm bench serve --goodput ttft:2000`), judged where requests arrive at 8/s (Poisson,
+    `--request-rate 8 --burstiness 1`, at most 16 in flight: the load's concurrency) besides the load's burst:
+    every request is good here, so both candidates meet it and the faster one, the deployed config, stays;
+    --write has nothing to write."""
     host, spec, vllm = deployed
     spec_before = spec.read_text()
     done = subprocess.run(
         [*PROVISION, "tune", "chat", "--spec", str(spec), "--vllm", vllm, "--results", str(tmp_path), "--name", "g",
          "--load", "prefill-heavy", "--repeats", "1", "--slo", "goodput>=90%,ttft<=2000ms",
-         "--space", "max-num-batched-tokens=512", "--write"],
+         "--rate", "8", "--rate-seconds", "3", "--space", "max-num-batched-tokens=512", "--write"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
+    at = Arrivals(8, 1.0, 16, 3)
+    assert "(8/s Poisson arrivals, at most 16 in flight; tok/s at the highest concurrency)" in output
     for name in ("baseline", "max-num-batched-tokens=512"):
         run_set = load_run_set(tmp_path / "g" / name)
-        (run,) = run_set.runs
-        assert run.result["request_goodput"] == pytest.approx(run.result["request_throughput"]), run.result
-        assert evaluate(run_set, parse_slo("goodput>=90%,ttft<=2000ms")).values == {"goodput>=90%": 1.0}
+        burst, paced = run_set.runs
+        assert (burst.arrivals, paced.arrivals, run_set.arrivals) == (None, at, [at])
+        # vLLM's own record of how it sent them: 24 requests (8/s for 3 s), at 8/s, gamma shape 1
+        assert (paced.result["completed"], paced.result["request_rate"], paced.result["burstiness"]) == (24, 8.0, 1.0)
+        assert paced.result["max_concurrency"] == 16 and burst.result["request_rate"] == "inf"
+        for run in (burst, paced):
+            assert run.result["request_goodput"] == pytest.approx(run.result["request_throughput"]), run.result
+        assert evaluate(run_set, parse_slo("goodput>=90%,ttft<=2000ms"), at=at).values == {"goodput>=90%": 1.0}
     assert "winner: baseline — " in output
     assert "nothing to write: the deployed config is the winner" in output
     assert spec.read_text() == spec_before
