@@ -17,6 +17,7 @@ from provisioner.base.module_utils import value_rules
 from provisioner.base.secrets import read_api_key
 from provisioner.gpu.topology import multinode_split_warnings, tensor_parallel_p2p_warnings
 from provisioner.spec import Host, Instance, Spec
+from provisioner.spec.gateways import RouteLoad, route_loads
 from provisioner.validation.memory_plan import GpuMemory, host_memory
 from provisioner.validation.preflight import DriverCheck, driver_check, memory_problems
 from provisioner.validation.roles import (
@@ -56,6 +57,7 @@ class PlannedRoute:
     url: str
     model: str
     replicas: list[str]
+    carries: str = ""  # the route's stated rate against its replicas' measured capacity (gateway.rates)
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,30 @@ def host_plan(host: Host, instances: list[Instance], spec: Spec | None = None) -
     instances (with `spec`, also its gateways)."""
     plan = host_files(host, host_variables(host, instances, spec))
     driver = driver_check(host, instances)
-    return replace(plan, warnings=host_warnings(host, instances) + list(driver.warnings),
-                   memory=host_memory(host, instances), driver=driver, semantic_changes=instance_semantics(instances))
+    loads = {(gateway.name, load.model): load for gateway in (spec.gateways if spec else []) if gateway.host == host.name
+             for load in route_loads(gateway, list(spec.instances))}
+    routes = [replace(route, carries=carried(loads[route.gateway, route.model]))
+              if (route.gateway, route.model) in loads else route for route in plan.routes]
+    short = [f"gateway {gateway}'s route {model}: {carried(load)}" for (gateway, model), load in loads.items()
+             if load.needed is not None and load.needed > len(load.replicas)]
+    return replace(plan, warnings=host_warnings(host, instances) + list(driver.warnings) + short,
+                   memory=host_memory(host, instances), driver=driver, semantic_changes=instance_semantics(instances),
+                   routes=routes)
+
+
+def carried(load: RouteLoad) -> str:
+    """How many replicas the route's rate takes, by its weakest measured replica, and whether it has them."""
+    has = f"the route has {len(load.replicas)}"
+    unmeasured = (f"; unmeasured: {', '.join(load.unmeasured)} (`provision tune INSTANCE --slo … --capacity --write`"
+                  " measures one)") if load.unmeasured else ""
+    weakest = load.weakest
+    if weakest is None:
+        return f"{load.rate:g}/s: unmeasured — no replica has a capacity, {has}{unmeasured}"
+    capacity = weakest.capacity
+    needed = load.needed
+    verdict = f"short by {needed - len(load.replicas)}: add replicas" if needed > len(load.replicas) else "enough"
+    return (f"{load.rate:g}/s takes {needed} replica(s) at {capacity.rate:g}/s each ({weakest.name}, SLO {capacity.slo}, "
+            f"measured: {capacity.measured}); {has}: {verdict}{unmeasured}")
 
 
 def instance_semantics(instances: list[Instance]) -> list[str]:

@@ -24,9 +24,10 @@ KINDS = (("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas")), 
          ("triton", ("triton",)))
 
 
-def trace(name: str, port: int, traces: Path, stage: Path) -> dict:
+def trace(name: str, port: int, traces: Path, stage: Path, vllm: Path) -> dict:
+    """vllm: the `vllm` the units run (benchmarks/h200/run.py's units_vllm)."""
     before = set(glob.glob(str(traces / "*.pt.trace.json*")))
-    argv = ["/opt/vllm/venv/bin/vllm", "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
+    argv = [str(vllm), "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
             "--model", str(stage / "model"), "--tokenizer", str(stage / "tok"), "--dataset-name", "random",
             "--random-input-len", "512", "--random-output-len", "128", "--ignore-eos", "--num-prompts", "2",
             "--max-concurrency", "1", "--seed", str(int(time.time())), "--profile", "--disable-tqdm"]

@@ -8,9 +8,9 @@ side by side on one GPU, through `provision bench`.
   python3 -m benchmarks.h200.run stop
 
 The machine is lent bare (no systemd, no network, no vllm console script): `prepare` lays vLLM out as
-the role vllm_install would (/opt/vllm/venv/bin/vllm and python, here wrappers around the bundle's
-`python3 -m vllm.entrypoints.cli.main`) and writes what apply would write (/etc/vllm/<name>.yaml and
-.env, rendered by the same plan); `serve` starts each server with its unit's ExecStart and environment,
+the role vllm_install would (the `vllm` the rendered units' ExecStart names, /opt/vllm/venvs/0.25.0/bin/vllm,
+and the venv's python beside it, here wrappers around the bundle's `python3 -m vllm.entrypoints.cli.main`) and
+writes what apply would write (/etc/vllm/<name>.yaml and .env, rendered by the same plan); `serve` starts each server with its unit's ExecStart and environment,
 and waits with its ExecStartPost readiness probe. Each instance gets 0.15 of the GPU, so all six fit.
 Nothing here changes the GPU's settings.
 """
@@ -37,7 +37,6 @@ WORK = Path("/root/h200")
 SPEC = WORK / "spec.yml"
 LOGS = WORK / "logs"
 TRACES = WORK / "traces"
-VENV_BIN = Path("/opt/vllm/venv/bin")
 BUNDLE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
               "VLLM_NO_USAGE_STATS": "1"}
 SHARE = 0.15
@@ -61,18 +60,38 @@ def gpu_uuid() -> str:
 
 
 def prepare() -> None:
-    """vLLM laid out as the install role would, the spec, and the files apply would write."""
-    VENV_BIN.mkdir(parents=True, exist_ok=True)
-    path = f"export PYTHONPATH={STAGE}/site${{PYTHONPATH:+:$PYTHONPATH}}\n"
-    (VENV_BIN / "vllm").write_text(f"#!/bin/sh\n{path}exec python3 -m vllm.entrypoints.cli.main \"$@\"\n")
-    (VENV_BIN / "python").write_text(f"#!/bin/sh\n{path}exec python3 \"$@\"\n")
-    for name in ("vllm", "python"):
-        (VENV_BIN / name).chmod(0o755)
+    """The spec, the files apply would write, and vLLM laid out where the rendered units run it."""
     WORK.mkdir(parents=True, exist_ok=True)
-    spec = {
+    SPEC.write_text(yaml.safe_dump(harness_spec(gpu_uuid()), sort_keys=False))
+    (plan,) = build_plan(load_spec(SPEC))
+    if plan.memory_problems:
+        sys.exit("\n".join(plan.memory_problems))
+    for unit in plan.units:
+        for planned in (unit.config_file, unit.env_file, unit.unit):
+            Path(planned.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(planned.path).write_text(planned.content)
+    venv_bin = units_vllm(plan.units).parent
+    venv_bin.mkdir(parents=True, exist_ok=True)
+    path = f"export PYTHONPATH={STAGE}/site${{PYTHONPATH:+:$PYTHONPATH}}\n"
+    (venv_bin / "vllm").write_text(f"#!/bin/sh\n{path}exec python3 -m vllm.entrypoints.cli.main \"$@\"\n")
+    (venv_bin / "python").write_text(f"#!/bin/sh\n{path}exec python3 \"$@\"\n")
+    for name in ("vllm", "python"):
+        (venv_bin / name).chmod(0o755)
+    print(json.dumps({"spec": str(SPEC), "vllm": str(venv_bin / "vllm"), "units": [unit.instance for unit in plan.units]}))
+
+
+def units_vllm(units: list) -> Path:
+    """The `vllm` every rendered unit's ExecStart runs (one venv for all of them)."""
+    (vllm,) = {shlex.split(_service(unit.unit.content)["ExecStart"])[0] for unit in units}
+    return Path(vllm)
+
+
+def harness_spec(uuid: str) -> dict:
+    """The spec of the instances, on this GPU."""
+    return {
         "version": 1,
         "hosts": [{"name": "h200", "address": "127.0.0.1", "settings": {"nouveau_blacklist": False},
-                   "gpus": {"devices": [{"index": 0, "uuid": gpu_uuid(), "model": "NVIDIA H200"}]},
+                   "gpus": {"devices": [{"index": 0, "uuid": uuid, "model": "NVIDIA H200"}]},
                    "vllm": {"version": "0.25.0", "install_path": "/opt/vllm"}}],
         "instances": [
             {"name": name, "host": "h200", "model": str(STAGE / "model"), "port": port, "gpus": [0],
@@ -82,15 +101,6 @@ def prepare() -> None:
             for name, (port, profile, options, env) in INSTANCES.items()
         ],
     }
-    SPEC.write_text(yaml.safe_dump(spec, sort_keys=False))
-    (plan,) = build_plan(load_spec(SPEC))
-    if plan.memory_problems:
-        sys.exit("\n".join(plan.memory_problems))
-    for unit in plan.units:
-        for planned in (unit.config_file, unit.env_file, unit.unit):
-            Path(planned.path).parent.mkdir(parents=True, exist_ok=True)
-            Path(planned.path).write_text(planned.content)
-    print(json.dumps({"spec": str(SPEC), "units": [unit.instance for unit in plan.units]}))
 
 
 def _units() -> dict:
@@ -168,7 +178,8 @@ def main(argv: list[str]) -> None:
     elif command == "trace":
         from benchmarks.h200.decode_trace import trace
 
-        trace(rest[0] if rest else "trace", INSTANCES[rest[0] if rest else "trace"][0], TRACES, STAGE)
+        trace(rest[0] if rest else "trace", INSTANCES[rest[0] if rest else "trace"][0], TRACES, STAGE,
+              units_vllm(list(_units().values())))
     elif command == "stop":
         stop()
     else:

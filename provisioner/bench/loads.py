@@ -26,6 +26,12 @@ class Load:
         return max(self.min_prompts, concurrency * self.prompts_per_client)
 
 
+# requests in flight at most, at a rate: vLLM's bench client holds a request back (a semaphore) once this many
+# are in flight and starts its clock only when it sends it, so a low cap would hide the queue an overloaded
+# server builds; this one keeps the queue in the server, where TTFT counts it
+MAX_IN_FLIGHT = 1024
+
+
 @dataclass(frozen=True)
 class Arrivals:
     """Requests arriving at `rate` per second, the gaps between them drawn from a gamma distribution (vLLM's
@@ -34,7 +40,7 @@ class Arrivals:
 
     rate: float
     burstiness: float = 1.0
-    max_concurrency: int = 256
+    max_concurrency: int = MAX_IN_FLIGHT
     seconds: float = 30.0
 
     def num_prompts(self, minimum: int) -> int:

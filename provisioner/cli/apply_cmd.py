@@ -40,8 +40,8 @@ def apply(
     verbose: Annotated[int, typer.Option(
         "--verbose", "-v", count=True, help="Ansible's own output too (-vvv: more of it).")] = 0,
     quiet: Annotated[bool, typer.Option(
-        "--quiet", "-q", help="Show only the tasks that changed something or failed, and the summary (the run "
-        "log keeps every task).")] = False,
+        "--quiet", "-q", help="Show only the tasks that changed something, failed or said something (check mode's "
+        "\"would …\", warnings), and the summary; the run log keeps every task.")] = False,
     forks: Annotated[int | None, typer.Option("--forks", "-f", help="Hosts Ansible works on at once.")] = None,
     ask_become_pass: Annotated[bool, typer.Option(
         "--ask-become-pass", "-K", help="Ask for the sudo password (sent to Ansible's prompt, never stored).")] = False,

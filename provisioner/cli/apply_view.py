@@ -44,7 +44,7 @@ def print_result(result: TaskResult, console: Output) -> None:
     """One line per task and host, as results arrive."""
     if result.status == "skipped":
         return
-    log_only = console.quiet and result.status == "ok"
+    log_only = console.quiet and result.status == "ok" and not result.notes  # what a task says is shown
     style = STATUS_STYLE[result.status]
     line = f"[{style}]{result.status:>11}[/] {result.host:<16} {result.label}"
     if result.message:

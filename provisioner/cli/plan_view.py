@@ -73,6 +73,9 @@ def show_gateway(console: Console, plan: HostPlan) -> None:
     print_table(console, ("gateway", "base URL", "model", "replicas"),
                 [(route.gateway, route.url, route.model, ", ".join(route.replicas)) for route in plan.routes],
                 title="gateway routes")
+    for route in plan.routes:
+        if route.carries:
+            say(console, f"[bold]route {escape(route.model)}:[/] {escape(route.carries)}")
     show_file(console, plan.gateway_file)
 
 

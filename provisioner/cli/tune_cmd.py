@@ -36,7 +36,7 @@ def tune(
         "default: max-num-batched-tokens, max-num-seqs, performance-mode, async-scheduling, max-cudagraph-capture-size.")] = None,
     allow_semantic: Annotated[list[str] | None, typer.Option(
         "--allow-semantic", metavar="FLAG", help="Let --space search FLAG although it changes what the model "
-        "generates (provisioner/vllm/semantics.yml); --write then puts it into the instance's own options.")] = None,
+        "generates (docs/tune.md); --write then puts it into the instance's own options.")] = None,
     rate: Annotated[float | None, typer.Option(
         "--rate", metavar="REQ/S", min=0.001, help="Also measure each candidate with requests arriving at this "
         "rate (Poisson unless --burstiness), and judge the SLO there: under real arrivals, not one burst.")] = None,
@@ -46,6 +46,11 @@ def tune(
     rate_seconds: Annotated[float, typer.Option(
         "--rate-seconds", min=1, help="With --rate: how long each run at the rate sends requests (rate × this "
         "many requests).")] = 30.0,
+    capacity: Annotated[bool, typer.Option(
+        "--capacity", help="Then find the highest request rate the winner sustains within the SLO (from --rate, "
+        "else from its burst's requests/s); --write also puts it into the instance's capacity.")] = False,
+    capacity_trials: Annotated[int, typer.Option(
+        "--capacity-trials", min=2, max=100, help="With --capacity: measure at most this many rates.")] = 12,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per concurrency and candidate; the median is kept.")] = 3,
     budget_minutes: Annotated[float, typer.Option("--budget-minutes", min=0.1, help="Stop before a candidate would end past this.")] = 60,
     max_candidates: Annotated[int, typer.Option("--max-candidates", min=1, help="Measure at most this many candidates.")] = 20,
@@ -60,17 +65,23 @@ def tune(
     from rich.markup import escape
 
     from provisioner.base.secrets import redact
-    from provisioner.bench.loads import Arrivals, get_load
+    from provisioner.bench.loads import MAX_IN_FLIGHT, Arrivals, get_load
     from provisioner.bench.results import ResultError
     from provisioner.bench.session import BenchError, run_set_name
     from provisioner.bench.sweep import parse_sweep
     from provisioner.bench.target import bench_target
     from provisioner.cli.console import make_console, print_spec_problems
-    from provisioner.cli.tune_view import report, run_with_progress, write_winner_to
+    from provisioner.cli.tune_view import (
+        report,
+        report_capacity,
+        run_with_progress,
+        write_capacity_to,
+        write_winner_to,
+    )
     from provisioner.fleet.remote import RemoteError
     from provisioner.spec import SpecError
     from provisioner.spec.wording import printable
-    from provisioner.tune.measure import replay
+    from provisioner.tune.measure import replay, replay_capacity
     from provisioner.tune.search import Budget
     from provisioner.tune.slo import parse_slo
     from provisioner.tune.space import search_space
@@ -86,7 +97,8 @@ def tune(
         profile = get_load(load)
         if rate is None and (burstiness != 1.0 or rate_seconds != 30.0):
             raise ValueError("--burstiness and --rate-seconds shape the arrivals of --rate — give --rate REQ/S too")
-        at = Arrivals(rate, burstiness, max(profile.concurrency), rate_seconds) if rate is not None else None
+        at = Arrivals(rate, burstiness, MAX_IN_FLIGHT, rate_seconds) if rate is not None else None
+        shape = Arrivals(rate or 0.0, burstiness, MAX_IN_FLIGHT, rate_seconds) if capacity else None
         overrides = {sweep.flag: sweep.values for sweep in (parse_sweep(text, "--space") for text in space or [])}
     except ValueError as error:
         fail(USAGE_ERROR, str(error))
@@ -109,9 +121,13 @@ def tune(
     try:
         if from_results is not None:
             result = replay(from_results, parsed_slo, axes, budget, deployed=target.instance.serve_options, at=at)
+            winner = result.choice.winner
+            found = replay_capacity(from_results, parsed_slo, winner, shape, capacity_trials) if shape and winner else None
+            if found is not None:
+                found.save(from_results)
         else:
-            result = run_with_progress(console, loaded, target, parsed_slo, profile, axes, repeats, folder, budget,
-                                       vllm, at)
+            result, found = run_with_progress(console, loaded, target, parsed_slo, profile, axes, repeats, folder,
+                                              budget, vllm, at, shape, capacity_trials)
     except SpecError as error:
         print_spec_problems(console, error, "nothing was changed on the host")
         exit_with(PROBLEMS_FOUND)
@@ -123,9 +139,13 @@ def tune(
     choice = report(console, result, parsed_slo, axes, target, folder, at)
     if choice.winner is None:
         exit_with(PROBLEMS_FOUND)
+    if capacity:
+        report_capacity(console, found, folder)
     if write:
         with exit_on_write_error(spec_path):
             try:
                 write_winner_to(console, spec_path, target, version, choice.winner, folder, profile, parsed_slo, at)
+                if found is not None and found.rate is not None:
+                    write_capacity_to(console, spec_path, target, found, folder)
             except (SpecError, ValueError) as error:
                 fail(PROBLEMS_FOUND, f"--write: the spec was left as it was: {error}")

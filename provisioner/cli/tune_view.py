@@ -22,12 +22,15 @@ from provisioner.tune.plot import plot_pareto
 from provisioner.tune.search import Budget, Candidate, Choice, Outcome, SearchResult, pareto_front
 from provisioner.tune.slo import Slo
 from provisioner.tune.space import Axis, option_changes, side_by_side_groups
-from provisioner.tune.write import write_winner
+from provisioner.tune.capacity import CAPACITY_FILE, MAX_TRIALS, Capacity
+from provisioner.tune.write import write_instance_key, write_winner
 
 
 def run_with_progress(console: Console, spec: Spec, target: BenchTarget, slo: Slo, load: Load,
                       axes: tuple[Axis, ...], repeats: int, folder: Path, budget: Budget,
-                      vllm: str | None, at: Arrivals | None = None) -> SearchResult:
+                      vllm: str | None, at: Arrivals | None = None,
+                      capacity: Arrivals | None = None, capacity_trials: int = MAX_TRIALS
+                      ) -> tuple[SearchResult, Capacity | None]:
     count = [0]
 
     def on_event(event: str, candidate: Candidate) -> None:
@@ -38,13 +41,41 @@ def run_with_progress(console: Console, spec: Spec, target: BenchTarget, slo: Sl
             count[0] += 1
             console.print(f"candidate {count[0]}: {escape(redact(candidate.label))} — vllm bench serve, load "
                           f"{load.name}, {repeats} run(s) per concurrency" + (f" and at {at.label}" if at else ""))
+        elif event == "capacity":
+            console.print(f"capacity trial: {escape(candidate.as_dict()['rate'])} arrivals, {repeats} run(s)")
         else:
             console.print(f"restoring the deployed config of {target.unit}")
 
-    run = run_tune(spec, target.name, slo, load, axes, repeats, folder, budget, vllm, on_event=on_event, at=at)
+    run = run_tune(spec, target.name, slo, load, axes, repeats, folder, budget, vllm, on_event=on_event, at=at,
+                   capacity=capacity, capacity_trials=capacity_trials)
     for why in run.dropped:
         console.print(f"left out: {escape(why)}")
-    return run.result
+    return run.result, run.capacity
+
+
+def report_capacity(console: Console, found: Capacity | None, folder: Path) -> None:
+    """The winner's capacity: the highest rate that met the SLO, each trial, where it is kept."""
+    if found is None:
+        console.print("capacity: not measured (no rate to start from: give --rate)")
+        return
+    trials = ", ".join(f"{trial.rate:g}/s {'meets' if trial.meets else 'misses'} ({trial.worst * 100:.0f} %)"
+                       for trial in found.trials)
+    shape = Arrivals(1, found.arrivals["burstiness"]).label.removeprefix("1/s ")
+    if found.rate is None:
+        console.print(f"[bold red]capacity: the SLO {escape(found.slo)} was met at no rate tried[/] ({escape(trials)})")
+    else:
+        console.print(f"[bold green]capacity:[/] {found.rate:g} requests/s within {escape(found.slo)} ({shape} arrivals, "
+                      f"at most {found.arrivals['max_concurrency']:g} in flight); trials: {escape(trials)}")
+    for note in found.notes:
+        console.print(f"note: {escape(note)}")
+    console.print(f"kept in {folder / CAPACITY_FILE}")
+
+
+def write_capacity_to(console: Console, spec_path: Path, target: BenchTarget, found: Capacity, folder: Path) -> None:
+    entry = {"rate": found.rate, "slo": found.slo, "measured": f"{folder / CAPACITY_FILE}, {found.measured}"}
+    write_instance_key(spec_path, target.name, "capacity", entry)
+    console.print(f"wrote capacity {found.rate:g}/s into {spec_path} (instance {escape(target.name)}); "
+                  "`provision plan` sizes gateway routes by it")
 
 
 def judged_where(at: Arrivals | None) -> str:

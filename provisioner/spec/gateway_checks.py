@@ -4,6 +4,7 @@ one API key per route (the gateway passes the client's Authorization header thro
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 
 from provisioner.base.addresses import is_loopback
@@ -54,11 +55,12 @@ def _model_problems(index: int, gateway: Gateway, parts: SpecParts) -> list[Prob
             return [Problem(where, f"no instance serves a model for gateway '{gateway.name}' to route — add "
                                    "instances, or remove the gateway")]
         return [Problem(where, f"the served name {name!r} holds a quote, which an HAProxy route cannot match — "
-                               "serve it under another name (served-model-name)") for name in served if "'" in name]
+                               "serve it under another name (served-model-name)") for name in served if "'" in name
+                ] + _rate_problems(index, gateway, served)
     if not gateway.models:
         return [Problem(f"{where}.models", "is empty — list the served names to route, or leave models out to "
                                            "route every served name")]
-    problems = []
+    problems = _rate_problems(index, gateway, served)
     for model_index, name in enumerate(gateway.models):
         path = f"{where}.models[{model_index}]"
         if gateway.models.index(name) != model_index:
@@ -70,6 +72,21 @@ def _model_problems(index: int, gateway: Gateway, parts: SpecParts) -> list[Prob
             problems.append(Problem(path, f"no instance serves '{name}' (served names in this spec: "
                                           f"{', '.join(served) or 'none'}) — add an instance that serves it, "
                                           "or remove it from models"))
+    return problems
+
+
+def _rate_problems(index: int, gateway: Gateway, served: list[str]) -> list[Problem]:
+    """Each stated rate is of a route the gateway has, a positive finite number of requests per second."""
+    routed = served if gateway.models is None else gateway.models
+    problems = []
+    for name, rate in gateway.rates.items():
+        path = f"gateways[{index}].rates.{name}"
+        if name not in routed:
+            problems.append(Problem(path, f"the gateway has no route '{name}' (its routes: {', '.join(routed) or 'none'})"
+                                          " — state rates of the served names it routes"))
+        elif not math.isfinite(rate) or rate <= 0:
+            problems.append(Problem(path, f"{rate} is not a rate — give the requests per second the route must carry, "
+                                          "above 0 (e.g. 120)"))
     return problems
 
 

@@ -3,6 +3,7 @@ the address a replica is reached at from the gateway's host. Read by the checks 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -39,3 +40,34 @@ def replica_address(instance: Instance, host: Host) -> str:
     if is_loopback(instance.bind):
         return "127.0.0.1"
     return instance.bind
+
+
+class RouteLoad(NamedTuple):
+    """A route's rate (gateway.rates) against what its replicas were measured to carry (their `capacity`)."""
+
+    model: str
+    rate: float
+    replicas: list[Instance]
+
+    @property
+    def unmeasured(self) -> list[str]:
+        return [replica.name for replica in self.replicas if replica.capacity is None]
+
+    @property
+    def weakest(self) -> Instance | None:
+        """The measured replica that carries least: the route is sized by replicas like it."""
+        measured = [replica for replica in self.replicas if replica.capacity is not None]
+        return min(measured, key=lambda replica: replica.capacity.rate) if measured else None
+
+    @property
+    def needed(self) -> int | None:
+        """Replicas like the weakest measured one that carry the rate; None: none is measured."""
+        weakest = self.weakest
+        return None if weakest is None else max(1, math.ceil(self.rate / weakest.capacity.rate - 1e-9))
+
+
+def route_loads(gateway: Gateway, instances: list[Instance | None]) -> list[RouteLoad]:
+    """Each route the gateway states a rate for, with its replicas."""
+    found = routes(gateway, instances)
+    return [RouteLoad(model, rate, [replica.instance for replica in found.get(model, [])])
+            for model, rate in gateway.rates.items()]

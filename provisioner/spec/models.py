@@ -421,6 +421,16 @@ class Slo(_Model):
                                     description="time per output token of a request, p99, in ms; null: no alert")
 
 
+class Capacity(_Model):
+    """What one instance was measured to carry (`provision tune --capacity` writes it): the highest request rate
+    at which its SLO held, and the measurement that says so."""
+
+    rate: float = Field(gt=0, le=1_000_000, description="requests per second the instance sustained within the SLO")
+    slo: str = Field(min_length=1, description="the SLO it held, as `provision tune --slo` takes it")
+    measured: str = Field(min_length=1, description="the measurement: its capacity.json (RESULTS/NAME/capacity.json) "
+                                                    "and when")
+
+
 class Nccl(_Model):
     """How the nodes of a multi-node instance talk (NCCL and Gloo, vLLM's collectives): environment of every node."""
 
@@ -524,6 +534,9 @@ class Instance(_Model):
     )
     container: Container | None = Field(None, description="run in a container (podman or docker); null: the host's venv")
     slo: Slo | None = Field(None, description="latency objectives the alert rules watch (monitoring:); null: none")
+    capacity: Capacity | None = Field(
+        None, description="the request rate this instance was measured to carry within an SLO (`provision tune "
+                          "--capacity --write`); a gateway route's `rates` counts its replicas by it; null: unmeasured")
     multinode: MultiNode | None = Field(
         None, description="serve the model across several hosts (vLLM's multi-node launcher): host and gpus are "
                           "node rank 0, which serves the API; null: one host")
@@ -609,6 +622,9 @@ class Gateway(_Model):
     models: list[str] | None = Field(
         None, description="served names to route (each: the instances serving it are its replicas); "
                           "null: every served name in the spec")
+    rates: dict[str, float] = Field(
+        default_factory=dict, description="requests per second a route must carry, by served name: `provision plan` "
+                                          "says how many replicas that takes, by each replica's measured `capacity`")
 
 
 class MonitoringAlerts(_Model):

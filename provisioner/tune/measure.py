@@ -31,11 +31,12 @@ from provisioner.bench.session import OnRun, run_bench
 from provisioner.bench.sweep import changed_spec, restored_config
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.spec import Spec, SpecError
+from provisioner.tune.capacity import CAPACITY_TRIAL, MAX_TRIALS, Capacity, find_capacity, start_rate
 from provisioner.tune.search import Budget, Candidate, Outcome, SearchResult, Skipped, evaluate, search
 from provisioner.tune.slo import Slo
 from provisioner.tune.space import Axis, option_changes
 
-OnEvent = Callable[[str, Candidate], None]  # ("restart" | "bench" | "restore", candidate)
+OnEvent = Callable[[str, Candidate], None]  # ("restart" | "bench" | "restore" | "capacity", candidate; capacity: rate=…)
 
 
 def parse_label(label: str) -> dict[str, Any]:
@@ -63,7 +64,8 @@ class RecordedResults:
     def all(self) -> list[Outcome]:
         """Every run set of the folder, by name."""
         return [evaluate(load_run_set(path.parent), self.slo, path.parent.name, parse_label(path.parent.name), self.at)
-                for path in sorted(self.folder.glob("*/runset.json"))]
+                for path in sorted(self.folder.glob("*/runset.json"))
+                if not path.parent.name.startswith(CAPACITY_TRIAL)]  # a capacity trial is no candidate
 
 
 def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None = None,
@@ -86,14 +88,42 @@ class TuneRun:
     target: BenchTarget
     folder: Path  # RESULTS/NAME
     dropped: list[str]  # values refused before anything ran (memory), with why
+    capacity: Capacity | None = None  # the winner's, where asked for and there is a winner
+
+
+def capacity_start(winner: Outcome, shape: Arrivals) -> Arrivals | None:
+    """The first trial of the capacity search: `shape`'s rate when given (rate > 0), else from the winner's
+    burst (capacity.start_rate)."""
+    rate = shape.rate if shape.rate > 0 else start_rate(winner)
+    return None if rate is None else Arrivals(rate, shape.burstiness, shape.max_concurrency, shape.seconds)
+
+
+def replay_capacity(folder: Path, slo: Slo, winner: Outcome, shape: Arrivals, max_trials: int = MAX_TRIALS
+                    ) -> Capacity | None:
+    """The capacity search over recorded trials (RESULTS/NAME/capacity-q<RATE>-b<B>/): a rate not recorded is
+    not measured, and the search stops there."""
+    start = capacity_start(winner, shape)
+    if start is None:
+        return None
+
+    def recorded(arrivals: Arrivals) -> Outcome:
+        trial = folder / f"{CAPACITY_TRIAL}{arrivals.key}"
+        if not (trial / "runset.json").is_file():
+            raise Skipped(f"not recorded (no {trial})")
+        return evaluate(load_run_set(trial), slo, trial.name, winner.changes, arrivals)
+
+    return find_capacity(recorded, start, slo.text, winner.changes, max_trials)
 
 
 def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[Axis, ...], repeats: int,
              folder: Path, budget: Budget | None = None, vllm: str | None = None,
-             on_event: OnEvent | None = None, on_run: OnRun | None = None, at: Arrivals | None = None) -> TuneRun:
+             on_event: OnEvent | None = None, on_run: OnRun | None = None, at: Arrivals | None = None,
+             capacity: Arrivals | None = None, capacity_trials: int = MAX_TRIALS) -> TuneRun:
     """The search, live on the instance (module docstring). Every flag value alone is validated first
     (a flag or value vLLM lacks: SpecError, nothing touched); a value whose plan does not fit the GPU is
-    dropped with a note. `at`: each candidate is also measured at that request rate, where the SLO is judged."""
+    dropped with a note. `at`: each candidate is also measured at that request rate, where the SLO is judged.
+    `capacity`: then the winner, deployed again, is measured at rates (that shape; its rate, or 0 for one from
+    the winner's burst) up to the highest that meets the SLO (tune/capacity.py), kept as RESULTS/NAME/capacity.json."""
     target = bench_target(spec, instance_name, vllm)
     version = spec.host(target.instance.host).vllm.version
     kept_axes, dropped = [], []
@@ -115,6 +145,16 @@ def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[A
             on_event("restore", Candidate())
 
     with restored_config(target, restarting) as config:
+        def deploy(winner: Outcome) -> None:
+            """The winner's config on the instance again (the deployed one, for the baseline)."""
+            if not winner.changes:
+                config.restore()
+                return
+            changed = changed_spec(spec, instance_name, option_changes(version, winner.changes), f"tune {winner.name}")
+            if on_event:
+                on_event("restart", Candidate(tuple(winner.changes.items())))
+            config.use(bench_target(changed, instance_name, vllm))
+
         def measure(candidate: Candidate) -> Outcome:
             if candidate.changes:
                 try:
@@ -135,4 +175,22 @@ def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[A
             return evaluate(run_set, slo, candidate.label, candidate.as_dict(), at)
 
         result = search(tuple(kept_axes), measure, budget, deployed=target.instance.serve_options)
-    return TuneRun(result, target, folder, dropped)
+        winner = result.choice.winner
+        found = None
+        start = capacity_start(winner, capacity) if capacity and winner else None
+        if start is not None:
+            deploy(winner)
+
+            def measure_at(arrivals: Arrivals) -> Outcome:
+                label = f"{CAPACITY_TRIAL}{arrivals.key}"
+                if on_event:
+                    on_event("capacity", Candidate((("rate", arrivals.label),)))
+                run_set = run_bench(target, load, repeats, label, on_run=on_run, concurrencies=(),
+                                    meta={"tune": {"changes": winner.changes, "slo": slo.text, "slo_at": arrivals.label}},
+                                    goodput=tuple(slo.goodput_args()), arrivals=(arrivals,))
+                run_set.save(folder / label)
+                return evaluate(run_set, slo, label, winner.changes, arrivals)
+
+            found = find_capacity(measure_at, start, slo.text, winner.changes, capacity_trials)
+            found.save(folder)
+    return TuneRun(result, target, folder, dropped, found)

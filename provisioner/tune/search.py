@@ -96,7 +96,7 @@ def evaluate(run_set: RunSet, slo: Slo, name: str | None = None, changes: dict[s
             label = next(term for term in slo.ratios(measured) if term.startswith("goodput"))
             values[label] = None if share is None or values.get(label, 1.0) is None else min(values.get(label, share), share)
     top = max(summary) if summary else (at.max_concurrency if at else 0)
-    throughput = (summary[top] if summary else judged[0]).get("output_throughput", 0.0)
+    throughput = (summary[top] if summary else judged[0] if judged else {}).get("output_throughput", 0.0)
     return Outcome(name or run_set.name, dict(changes or {}), throughput, ratios, values, top, run_set)
 
 

@@ -28,8 +28,43 @@ class WriteError(ValueError):
 def write_winner(spec_path: Path, instance_name: str, changes: dict[str, Any], comment: str) -> Spec:
     """Set `changes` (a key → value; None: removed) in the instance's options, write the file, return
     the spec it now is. Nothing is written when the result would not validate."""
-    text = spec_path.read_text(encoding="utf-8")
-    edited = edit_options(text, instance_name, changes, comment)
+    return _write_validated(spec_path, edit_options(spec_path.read_text(encoding="utf-8"), instance_name, changes,
+                                                    comment))
+
+
+def write_instance_key(spec_path: Path, instance_name: str, key: str, value: Any) -> Spec:
+    """Set the instance's `key` to `value` (flow style, on the key's own line), write the file, return the spec it
+    now is; nothing is written when the result would not validate."""
+    return _write_validated(spec_path, edit_key(spec_path.read_text(encoding="utf-8"), instance_name, key, value))
+
+
+def edit_key(text: str, instance_name: str, key: str, value: Any) -> str:
+    """The spec text with the instance's `key` set to `value`: its value replaced where the key is there, else a
+    line added after the instance's last one (a flow-style instance: `, key: value` before its closing brace)."""
+    instance = _instance_node(yaml.compose(text), instance_name)
+    found = next(((name, node) for name, node in instance.value if name.value == key), None)
+    if found is not None:  # from the end of the key to the end of its value: `: {…}`
+        name, node = found
+        start, end, new = name.end_mark.index, _node_end(text, node), f": {_flow(value)}"
+    elif instance.flow_style:
+        start = end = text.rindex("}", 0, instance.end_mark.index)
+        new = f", {key}: {_flow(value)}"
+    else:
+        start = end = _line_end(text, _node_end(text, instance.value[-1][1]))
+        new = f"\n{' ' * instance.value[0][0].start_mark.column}{key}: {_flow(value)}"
+    return text[:start] + new + text[end:]
+
+
+def _node_end(text: str, node: yaml.Node) -> int:
+    """Where the node's own text ends: a block collection's end mark is at the next token, past the blank and
+    the indentation after its last value."""
+    index = node.end_mark.index
+    while index > node.start_mark.index and text[index - 1] in " \n":
+        index -= 1
+    return index
+
+
+def _write_validated(spec_path: Path, edited: str) -> Spec:
     with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=spec_path.parent, delete=False,
                                      encoding="utf-8") as handle:
         handle.write(edited)
@@ -62,7 +97,7 @@ def edit_options(text: str, instance_name: str, changes: dict[str, Any], comment
         edits.append(_comment_edit(text, line_start, comment_line))
     elif options is None:
         column = instance.value[0][0].start_mark.column
-        end = _line_end(text, instance.value[-1][1].end_mark.index)
+        end = _line_end(text, _node_end(text, instance.value[-1][1]))
         indent = " " * column
         edits.append((end, end, f"\n{indent}{comment_line}\n{indent}options:{_block(merged, column + 2)}"))
     elif options.flow_style or not options.value:

@@ -34,7 +34,7 @@ def flag_kind(flag: str) -> Kind | None:
 
 def why(flag: str) -> str:
     found = classified().get(flag)
-    return found[1] if found else "not classified (provisioner/vllm/semantics.yml)"
+    return found[1] if found else "not classified as a flag of speed and memory only"
 
 
 @dataclass(frozen=True)

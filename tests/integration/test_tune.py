@@ -32,6 +32,7 @@ import urllib.request
 import pytest
 
 from provisioner.apply.hosts import apply_spec
+from provisioner.bench.loads import Arrivals
 from provisioner.bench.results import load_run_set
 from provisioner.spec import load_spec
 from provisioner.tune.search import evaluate
@@ -133,32 +134,47 @@ def test_an_interrupted_tune_puts_the_deployed_config_back(deployed, tmp_path):
     assert host.ssh("systemctl is-active vllm-chat.service").stdout.strip() == "active"
 
 
-def test_a_goodput_slo_at_a_request_rate_is_measured_by_vllm_bench_serve_itself(deployed, tmp_path):
+def test_a_goodput_slo_at_a_request_rate_and_the_capacity_are_measured_by_vllm_bench_serve_itself(deployed, tmp_path):
     """vLLM's goodput (`vllm bench serve --goodput ttft:2000`), judged where requests arrive at 8/s (Poisson,
-    `--request-rate 8 --burstiness 1`, at most 16 in flight: the load's concurrency) besides the load's burst:
+    `--request-rate 8 --burstiness 1`, at most 1024 in flight) besides the load's burst:
     every request is good here, so both candidates meet it and the faster one, the deployed config, stays;
-    --write has nothing to write."""
+    --write has no options to write, but the capacity (two trials) goes into the instance."""
     host, spec, vllm = deployed
     spec_before = spec.read_text()
     done = subprocess.run(
         [*PROVISION, "tune", "chat", "--spec", str(spec), "--vllm", vllm, "--results", str(tmp_path), "--name", "g",
          "--load", "prefill-heavy", "--repeats", "1", "--slo", "goodput>=90%,ttft<=2000ms",
-         "--rate", "8", "--rate-seconds", "3", "--space", "max-num-batched-tokens=512", "--write"],
+         "--rate", "8", "--rate-seconds", "3", "--space", "max-num-batched-tokens=512", "--write",
+         "--capacity", "--capacity-trials", "2"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    at = Arrivals(8, 1.0, 16, 3)
-    assert "(8/s Poisson arrivals, at most 16 in flight; tok/s at the highest concurrency)" in output
+    at = Arrivals(8, 1.0, 1024, 3)
+    assert "(8/s Poisson arrivals, at most 1024 in flight; tok/s at the highest concurrency)" in output
     for name in ("baseline", "max-num-batched-tokens=512"):
         run_set = load_run_set(tmp_path / "g" / name)
         burst, paced = run_set.runs
         assert (burst.arrivals, paced.arrivals, run_set.arrivals) == (None, at, [at])
         # vLLM's own record of how it sent them: 24 requests (8/s for 3 s), at 8/s, gamma shape 1
         assert (paced.result["completed"], paced.result["request_rate"], paced.result["burstiness"]) == (24, 8.0, 1.0)
-        assert paced.result["max_concurrency"] == 16 and burst.result["request_rate"] == "inf"
+        assert paced.result["max_concurrency"] == 1024 and burst.result["request_rate"] == "inf"
         for run in (burst, paced):
             assert run.result["request_goodput"] == pytest.approx(run.result["request_throughput"]), run.result
         assert evaluate(run_set, parse_slo("goodput>=90%,ttft<=2000ms"), at=at).values == {"goodput>=90%": 1.0}
     assert "winner: baseline — " in output
     assert "nothing to write: the deployed config is the winner" in output
-    assert spec.read_text() == spec_before
+    # --capacity: the winner (the deployed config, put back) at 8/s, then 16/s, each a run set of runs at that
+    # rate alone; every request good at both: "at least" 16/s within two trials, into the instance's capacity
+    kept = json.loads((tmp_path / "g" / "capacity.json").read_text())
+    assert [(trial["rate"], trial["meets"]) for trial in kept["trials"]] == [(8, True), (16, True)]
+    assert kept["rate"] == 16 and kept["notes"] == ["the SLO held at every rate tried, up to 16/s: the capacity is at least that"]
+    for rate in (8, 16):
+        (paced,) = load_run_set(tmp_path / "g" / f"capacity-q{rate}-b1").runs
+        assert (paced.arrivals.rate, paced.result["request_rate"], paced.result["completed"]) == (rate, float(rate), rate * 3)
+    assert "capacity: 16 requests/s within goodput>=90%,ttft<=2000ms (Poisson arrivals, at most 1024 in flight)" in output
+    capacity = load_spec(spec).instances[0].capacity
+    assert (capacity.rate, capacity.slo) == (16, "goodput>=90%,ttft<=2000ms")
+    assert capacity.measured.startswith(f"{tmp_path}/g/capacity.json, 20")
+    assert [line for line in spec.read_text().splitlines() if line not in spec_before.splitlines()] == [
+        line for line in spec.read_text().splitlines() if line.strip().startswith("capacity: {rate: 16")]
+    spec.write_text(spec_before)

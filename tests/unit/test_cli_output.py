@@ -233,6 +233,7 @@ def test_apply_quiet_shows_the_changes_and_failures_the_run_log_keeps_every_task
     from provisioner.cli.apply_view import Output, print_result
 
     results = [TaskResult("gpu1", "sysctl", "Write the settings", "ok"),
+               TaskResult("gpu1", "nvidia_driver", "Say what the host has", "ok", notes=["would install 580"]),
                TaskResult("gpu1", "shm", "Mount /dev/shm", "changed", notes=["size 16G"]),
                TaskResult("gpu1", "nouveau", "Blacklist", "skipped"),
                TaskResult("gpu1", "vllm_service", "Start", "failed", message="not ready")]
@@ -244,7 +245,8 @@ def test_apply_quiet_shows_the_changes_and_failures_the_run_log_keeps_every_task
             print_result(result, out)
         shown, kept = capsys.readouterr().out, log.getvalue()
         assert ("sysctl : Write the settings" in shown) is not quiet
-        for text in ("changed gpu1", "shm : Mount /dev/shm", "size 16G", "failed gpu1", "not ready"):
+        for text in ("changed gpu1", "shm : Mount /dev/shm", "size 16G", "failed gpu1", "not ready",
+                     "nvidia_driver : Say what the host has", "would install 580"):
             assert text in shown
         ok_line = [line for line in kept.splitlines() if "sysctl : Write the settings" in line]
         assert len(ok_line) == 1 and "Blacklist" not in kept

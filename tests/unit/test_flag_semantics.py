@@ -43,7 +43,7 @@ def test_a_semantic_or_unclassified_flag_is_searched_only_when_allowed():
                                          r"generation-config$"):
         search_space("0.25.0", {"generation-config": ("vllm", "auto")})
     with pytest.raises(SpaceError, match=r"max-num-partial-prefills is not known to change only speed and memory "
-                                         r"\(not classified"):
+                                         r"\(not classified as a flag of speed and memory only\)"):
         search_space("0.25.0", {"max-num-partial-prefills": (1, 2)})
     (axis,) = search_space("0.25.0", {"generation-config": ("vllm", "auto")}, allow_semantic=("generation-config",))
     assert axis.values == ("vllm", "auto")

@@ -291,7 +291,7 @@ def test_unknown_key_in_an_instance():
     data = spec_data(instances=[instance("chat", 8000, max_model_len=4096)])
     assert problems_of(data) == [
         "instances[0].max_model_len: unknown key 'max_model_len' — allowed keys: name, host, model, port, bind, "
-        "gpus, gpu_memory_utilization, profile, options, env, api_key_file, container, slo, multinode"
+        "gpus, gpu_memory_utilization, profile, options, env, api_key_file, container, slo, capacity, multinode"
     ]
 
 
