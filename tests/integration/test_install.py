@@ -395,7 +395,10 @@ def collection_user(artefacts, from_wheel) -> CollectionUser:
                                               artefacts.collection], cwd=folder, env=env)
     collection = collections / "ansible_collections" / "vllm_provision" / "gpu_host"
     assert (collection / "roles").is_dir() and (collection / "playbooks" / "site.yml").is_file(), installed.stdout
-    assert not (collection / "provisioner").exists() and not (collection / "tests").exists()
+    assert not (collection / "provisioner").exists()
+    # of the tests, only ansible-test's ignore file for the sanity tests (where ansible-test looks for it)
+    shipped = sorted(str(path.relative_to(collection)) for path in (collection / "tests").rglob("*") if path.is_file())
+    assert shipped == ["tests/sanity/ignore-2.19.txt"], shipped
     return CollectionUser(folder, env, ansible_bin)
 
 
