@@ -39,8 +39,9 @@ def test_a_driver_older_than_the_build_needs_is_refused_naming_the_fix(tmp_path)
     {"nvidia_driver_installed_version": "580.95.05"},  # new enough
     {"nvidia_driver_installed_version": "590.44.01"},
     {"nvidia_driver_installed_version": None},  # no driver packages read: provision's gate reads nvidia-smi
+    {"nvidia_driver_installed_version": ""},  # the same null, as set_fact templates it before ansible-core 2.19
     {"nvidia_driver_installed_version": "535.309.01", "nvidia_driver_manage": True},  # replaced by this run
-], ids=["580", "590", "none read", "managed"])
+], ids=["580", "590", "none read", "none read, before 2.19", "managed"])
 def test_a_driver_that_will_run_it_or_that_this_run_replaces_passes(tmp_path, variables):
     run = preflight(tmp_path, vllm_install_minimum_driver="580", **variables)
     assert run.returncode == 0, run.stdout[-2000:]
