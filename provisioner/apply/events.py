@@ -94,7 +94,8 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 def task_result(event: dict) -> TaskResult | None:
     """Turn one event of the run (plugins/callback/provision_events.py) into a TaskResult, or None when
-    it is not a task result. A no_log result is censored: its diff is never shown, only that it changes."""
+    it is not a task result. A no_log result is censored: no diff of it is shown, only its status (the roles name
+    the files such a task changes in the task after it)."""
     name = event.get("event")
     status = RESULT_EVENTS.get(name)
     if status is None:
@@ -104,10 +105,7 @@ def task_result(event: dict) -> TaskResult | None:
     censored = CENSORED in result
     if status == "ok" and result.get("changed"):
         status = "changed"
-    if censored:
-        diffs = [{"hidden": True}] if status == "changed" else []
-    else:
-        diffs = file_diffs(result)
+    diffs = [] if censored else file_diffs(result)
     return TaskResult(
         host=data.get("host", "?"),
         role=data.get("role", "") or "",
@@ -155,11 +153,9 @@ def _as_list(diff) -> list[dict]:
 
 
 def unified_diff(entry: dict) -> str:
-    """Render one Ansible diff entry: a unified diff labelled with the file's destination, a change
-    of attributes (mode, owner, state), or only that a censored (no_log) result changes."""
+    """Render one Ansible diff entry: a unified diff labelled with the file's destination, or a change
+    of attributes (mode, owner, state)."""
     destination = entry.get("dest") or str(entry.get("before_header") or "").removesuffix(" (content)")
-    if entry.get("hidden"):
-        return f"{destination or 'a no_log result'}: content changes (not shown: no_log)\n"
     if "prepared" in entry:
         return str(entry["prepared"])
     before, after = entry.get("before", ""), entry.get("after", "")
