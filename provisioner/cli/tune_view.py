@@ -58,7 +58,8 @@ def report_capacity(console: Console, found: Capacity | None, folder: Path) -> N
     if found is None:
         console.print("capacity: not measured (no rate to start from: give --rate)")
         return
-    trials = ", ".join(f"{trial.rate:g}/s {'meets' if trial.meets else 'misses'} ({trial.worst * 100:.0f} %)"
+    trials = ", ".join(f"{trial.rate:g}/s {'meets' if trial.meets else 'misses'} "
+                       f"({'requests lost' if trial.worst is None else f'{trial.worst * 100:.0f} %'})"
                        for trial in found.trials)
     shape = Arrivals(1, found.arrivals["burstiness"]).label.removeprefix("1/s ")
     if found.rate is None:

@@ -14,6 +14,7 @@ plan` reads to say how many replicas a gateway route's rate takes.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -30,12 +31,20 @@ CAPACITY_FILE = "capacity.json"
 CAPACITY_TRIAL = "capacity-"  # a trial's run set: RESULTS/NAME/capacity-q<RATE>-b<B>
 
 
+LOST = "every request completes"  # the term a trial misses where requests were lost (not an SLO term of the user's)
+
+
 @dataclass(frozen=True)
 class Trial:
     rate: float
     meets: bool
-    worst: float  # the tightest SLO term's measured / limit (≤ 1: meets)
-    run_set: str  # its folder under RESULTS/NAME
+    worst: float | None  # the tightest SLO term's measured / limit (≤ 1: meets); None: not measured (requests lost)
+    run_set: str  # its folder under RESULTS/NAME, or why it has none
+
+
+def unsustained(name: str, changes: dict[str, Any], why: str) -> Outcome:
+    """A trial whose requests did not all complete (the bench refused its result): the rate is not sustained."""
+    return Outcome(name, dict(changes), 0.0, {LOST: None}, {LOST: None}, 0, note=why)
 
 
 @dataclass
@@ -81,8 +90,10 @@ def find_capacity(measure_at: MeasureAt, start: Arrivals, slo: str, changes: dic
         except Skipped as why:
             capacity.notes.append(f"{arrivals.label}: not measured — {why}")
             return None
-        tried[rate] = Trial(rate, outcome.meets, outcome.worst, outcome.name)
+        tried[rate] = Trial(rate, outcome.meets, outcome.worst if math.isfinite(outcome.worst) else None, outcome.name)
         capacity.trials.append(tried[rate])
+        if outcome.note:
+            capacity.notes.append(f"{arrivals.label}: {outcome.note}")
         return tried[rate]
 
     first = trial(start.rate)

@@ -27,11 +27,11 @@ import yaml
 from provisioner.base.secrets import redact
 from provisioner.bench.loads import Arrivals, Load
 from provisioner.bench.results import ResultError, load_run_set
-from provisioner.bench.session import OnRun, run_bench
+from provisioner.bench.session import BenchError, OnRun, run_bench
 from provisioner.bench.sweep import changed_spec, restored_config
 from provisioner.bench.target import BenchTarget, bench_target
 from provisioner.spec import Spec, SpecError
-from provisioner.tune.capacity import CAPACITY_TRIAL, MAX_TRIALS, Capacity, find_capacity, start_rate
+from provisioner.tune.capacity import CAPACITY_TRIAL, MAX_TRIALS, Capacity, find_capacity, start_rate, unsustained
 from provisioner.tune.search import Budget, Candidate, Outcome, SearchResult, Skipped, evaluate, search
 from provisioner.tune.slo import Slo
 from provisioner.tune.space import Axis, option_changes
@@ -185,9 +185,13 @@ def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[A
                 label = f"{CAPACITY_TRIAL}{arrivals.key}"
                 if on_event:
                     on_event("capacity", Candidate((("rate", arrivals.label),)))
-                run_set = run_bench(target, load, repeats, label, on_run=on_run, concurrencies=(),
-                                    meta={"tune": {"changes": winner.changes, "slo": slo.text, "slo_at": arrivals.label}},
-                                    goodput=tuple(slo.goodput_args()), arrivals=(arrivals,))
+                try:
+                    run_set = run_bench(target, load, repeats, label, on_run=on_run, concurrencies=(),
+                                        meta={"tune": {"changes": winner.changes, "slo": slo.text,
+                                                       "slo_at": arrivals.label}},
+                                        goodput=tuple(slo.goodput_args()), arrivals=(arrivals,))
+                except BenchError as error:  # requests lost at this rate: the instance does not sustain it
+                    return unsustained(label, winner.changes, redact(str(error)))
                 run_set.save(folder / label)
                 return evaluate(run_set, slo, label, winner.changes, arrivals)
 

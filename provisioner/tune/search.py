@@ -61,6 +61,7 @@ class Outcome:
     values: dict[str, float | None]  # per SLO term, the worst measured value (ms; goodput: the share)
     concurrency: int
     run_set: RunSet | None = None
+    note: str = ""  # why it has no measurements (a capacity trial that lost requests)
 
     @property
     def meets(self) -> bool:

@@ -202,3 +202,18 @@ def test_a_rate_of_no_route_or_no_rate_is_refused_naming_the_field(rates, messag
     with pytest.raises(SpecError) as refused:
         validate_spec(data, check_files=False)
     assert message in str(refused.value)
+
+
+def test_a_rate_at_which_requests_are_lost_is_not_sustained_and_says_why():
+    """At a rate the server cannot take, vLLM's client may lose requests; the bench then refuses the run (BenchError)
+    and the trial counts as a miss, its reason kept, not as an error that ends the tune."""
+    from provisioner.tune.capacity import unsustained
+
+    def measure_at(arrivals: Arrivals) -> Outcome:
+        if arrivals.rate > 50:
+            return unsustained(f"capacity-{arrivals.key}", {}, "chat: at 72/s Poisson, 1990 of 2160 requests completed")
+        return Outcome("x", {}, 0.0, {"t": 0.5}, {}, 0)
+    found = find_capacity(measure_at, Arrivals(36), SLO)
+    assert [(trial.rate, trial.meets, trial.worst) for trial in found.trials][:2] == [(36, True, 0.5), (72, False, None)]
+    assert found.rate == 49.5 and found.bracket == (49.5, 51.75)
+    assert found.notes[0] == "72/s Poisson: chat: at 72/s Poisson, 1990 of 2160 requests completed"
