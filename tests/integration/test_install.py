@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
 import zipfile
@@ -432,7 +433,9 @@ def test_the_lowest_supported_ansible_core_converges_the_host_with_the_collectio
     assert applied.returncode == 0, applied.stdout + applied.stderr
     version = lowest_ansible_core()
     base = empty_folder(artefacts.scratch, f"ansible-core-{version}")
-    venv, home = base / "venv", base / "home"
+    # a short $HOME: ssh's master socket (~/.ansible/cp/vp-<16 hex>.<16 more>) must fit a Unix socket's 107 bytes,
+    # which a home under CI's pytest folder did not
+    venv, home = base / "venv", Path(tempfile.mkdtemp(prefix="vp-home-"))
     timed(f"ansible-core {version}: venv", [sys.executable, "-m", "venv", "--without-pip", venv], cwd=base,
           env=outside_env(home))
     timed(f"ansible-core {version}: pip install", [sys.executable, "-m", "pip", "--python", venv / "bin" / "python",
@@ -441,7 +444,10 @@ def test_the_lowest_supported_ansible_core_converges_the_host_with_the_collectio
     shown = run([venv / "bin" / "ansible-playbook", "--version"], cwd=base, env=outside_env(home))
     assert f"[core {version}]" in shown.stdout, shown.stdout
     lowest = CollectionUser(collection_user.folder, collection_user.env, venv / "bin")
-    played = lowest.playbook(inventory, f"ansible-core {version}: ansible-playbook", home=home)
+    try:
+        played = lowest.playbook(inventory, f"ansible-core {version}: ansible-playbook", home=home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     assert played.returncode == 0, played.stdout[-6000:] + played.stderr[-3000:]
     counts = recap(played.stdout, host.name)
     assert counts["failed"] == 0 and counts["unreachable"] == 0 and counts["ok"] > 10, counts
