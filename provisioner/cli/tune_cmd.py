@@ -149,3 +149,5 @@ def tune(
                     write_capacity_to(console, spec_path, target, found, folder)
             except (SpecError, ValueError) as error:
                 fail(PROBLEMS_FOUND, f"--write: the spec was left as it was: {error}")
+    if capacity and (found is None or found.rate is None):
+        exit_with(PROBLEMS_FOUND)  # asked for a capacity and found none: not a success

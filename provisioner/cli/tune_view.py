@@ -62,7 +62,9 @@ def report_capacity(console: Console, found: Capacity | None, folder: Path) -> N
                        f"({'requests lost' if trial.worst is None else f'{trial.worst * 100:.0f} %'})"
                        for trial in found.trials)
     shape = Arrivals(1, found.arrivals["burstiness"]).label.removeprefix("1/s ")
-    if found.rate is None:
+    if not found.trials:
+        console.print("[bold red]capacity: no rate was measured[/]")
+    elif found.rate is None:
         console.print(f"[bold red]capacity: the SLO {escape(found.slo)} was met at no rate tried[/] ({escape(trials)})")
     else:
         console.print(f"[bold green]capacity:[/] {found.rate:g} requests/s within {escape(found.slo)} ({shape} arrivals, "

@@ -144,27 +144,25 @@ def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[A
         if on_event and what == "restore":
             on_event("restore", Candidate())
 
+    def target_with(candidate: Candidate) -> BenchTarget:
+        """The instance with the candidate's changes, validated and planned (SpecError, ValueError: refused)."""
+        changed = changed_spec(spec, instance_name, option_changes(version, candidate.as_dict()), f"tune {candidate.label}")
+        return bench_target(changed, instance_name, vllm)
+
     with restored_config(target, restarting) as config:
-        def deploy(winner: Outcome) -> None:
-            """The winner's config on the instance again (the deployed one, for the baseline)."""
-            if not winner.changes:
-                config.restore()
-                return
-            changed = changed_spec(spec, instance_name, option_changes(version, winner.changes), f"tune {winner.name}")
+        def switch(candidate: Candidate, swept: BenchTarget) -> None:
+            """The candidate's config (`swept`) on the instance, the unit restarted."""
             if on_event:
-                on_event("restart", Candidate(tuple(winner.changes.items())))
-            config.use(bench_target(changed, instance_name, vllm))
+                on_event("restart", candidate)
+            config.use(swept)
 
         def measure(candidate: Candidate) -> Outcome:
             if candidate.changes:
                 try:
-                    changed = changed_spec(spec, instance_name, option_changes(version, candidate.as_dict()),
-                                           f"tune {candidate.label}")
-                except (SpecError, ValueError) as error:
+                    swept = target_with(candidate)
+                except (SpecError, ValueError) as error:  # refused before the host is touched: skipped
                     raise Skipped(redact(str(error))) from None
-                if on_event:
-                    on_event("restart", candidate)
-                config.use(bench_target(changed, instance_name, vllm))
+                switch(candidate, swept)
             if on_event:
                 on_event("bench", candidate)
             run_set = run_bench(target, load, repeats, candidate.label, on_run=on_run,
@@ -179,7 +177,11 @@ def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[A
         found = None
         start = capacity_start(winner, capacity) if capacity and winner else None
         if start is not None:
-            deploy(winner)
+            kept = Candidate(tuple(winner.changes.items()))  # the winner on the instance again
+            if kept.changes:
+                switch(kept, target_with(kept))
+            else:
+                config.restore()  # the baseline: the deployed config
 
             def measure_at(arrivals: Arrivals) -> Outcome:
                 label = f"{CAPACITY_TRIAL}{arrivals.key}"

@@ -217,3 +217,17 @@ def test_a_rate_at_which_requests_are_lost_is_not_sustained_and_says_why():
     assert [(trial.rate, trial.meets, trial.worst) for trial in found.trials][:2] == [(36, True, 0.5), (72, False, None)]
     assert found.rate == 49.5 and found.bracket == (49.5, 51.75)
     assert found.notes[0] == "72/s Poisson: chat: at 72/s Poisson, 1990 of 2160 requests completed"
+
+
+def test_tune_capacity_that_finds_no_rate_exits_1_and_writes_no_capacity(tmp_path):
+    """The search has a winner but no trial is recorded at the rate the capacity search starts from: the capacity
+    --capacity asked for is unknown: exit 1, and --write puts the winner's options in but no capacity."""
+    folder, _, start = recorded_tune(tmp_path / "recorded")
+    for trial in folder.glob("capacity-*"):
+        shutil.rmtree(trial)
+    outcome = tune(tmp_path, "--from-results", str(folder), "--capacity", "--write")
+    assert outcome.exit_code == 1, outcome.output
+    assert "capacity: no rate was measured" in outcome.output
+    assert f"note: {start:g}/s Poisson: not measured — not recorded" in outcome.output
+    written = load_spec(tmp_path / "spec.yml").instances[0]
+    assert written.capacity is None and written.options["performance-mode"] == "interactivity"
