@@ -27,13 +27,13 @@ def classified() -> dict[str, tuple[Kind, str]]:
 
 
 def flag_kind(flag: str) -> Kind | None:
-    """performance, semantic, or None where the flag is not classified."""
-    found = classified().get(flag)
+    """performance, semantic, or None where the flag is not classified (either spelling: max_model_len too)."""
+    found = classified().get(flag.replace("_", "-"))
     return found[0] if found else None
 
 
 def why(flag: str) -> str:
-    found = classified().get(flag)
+    found = classified().get(flag.replace("_", "-"))
     return found[1] if found else "not classified as a flag of speed and memory only"
 
 
@@ -53,7 +53,8 @@ def semantic_changes(instance: str, options: dict[str, Any], context: int | None
     """Each semantic flag of an instance's `vllm serve` options. `context`: the model's own context length, where
     known: a max-model-len at or above it (or auto) changes nothing the model generates."""
     return [SemanticChange(instance, flag, value, why(flag)) for flag, value in options.items()
-            if flag_kind(flag) == "semantic" and not (flag == "max-model-len" and _whole_context(value, context))]
+            if flag_kind(flag) == "semantic"
+            and not (flag.replace("_", "-") == "max-model-len" and _whole_context(value, context))]
 
 
 def _whole_context(value: Any, context: int | None) -> bool:

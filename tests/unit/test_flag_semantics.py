@@ -66,6 +66,13 @@ def test_plan_names_each_semantic_flag_an_instance_runs_with_and_why():
         "are refused and outputs cut short"]
 
 
+def test_plan_names_them_in_either_spelling_the_spec_takes():
+    changes = plan_of(options={"generation_config": "vllm", "max_model_len": 4096}).semantic_changes
+    assert [change.split(" changes ")[0] for change in changes] == ["chat: generation_config=vllm",
+                                                                    "chat: max_model_len=4096"]
+    assert plan_of(options={"max_model_len": 32768}).semantic_changes == []
+
+
 @pytest.mark.parametrize("fields", [{"options": {"max-model-len": 32768}}, {"options": {"max-model-len": "auto"}},
                                     {"profile": "latency"}, {"profile": "throughput"}, {}],
                          ids=["the model's context", "auto", "latency", "throughput", "defaults"])
