@@ -59,10 +59,10 @@ def gpu_uuid() -> str:
     return re.search(r"UUID: (GPU-[0-9a-f-]+)", out).group(1)
 
 
-def prepare() -> None:
+def prepare(instances: dict | None = None, share: float = SHARE) -> None:
     """The spec, the files apply would write, and vLLM laid out where the rendered units run it."""
     WORK.mkdir(parents=True, exist_ok=True)
-    SPEC.write_text(yaml.safe_dump(harness_spec(gpu_uuid()), sort_keys=False))
+    SPEC.write_text(yaml.safe_dump(harness_spec(gpu_uuid(), instances, share), sort_keys=False))
     (plan,) = build_plan(load_spec(SPEC))
     if plan.memory_problems:
         sys.exit("\n".join(plan.memory_problems))
@@ -86,8 +86,8 @@ def units_vllm(units: list) -> Path:
     return Path(vllm)
 
 
-def harness_spec(uuid: str) -> dict:
-    """The spec of the instances, on this GPU."""
+def harness_spec(uuid: str, instances: dict | None = None, share: float = SHARE) -> dict:
+    """The spec of the instances (default: INSTANCES), each at `share` of this GPU."""
     return {
         "version": 1,
         "hosts": [{"name": "h200", "address": "127.0.0.1", "settings": {"nouveau_blacklist": False},
@@ -95,10 +95,10 @@ def harness_spec(uuid: str) -> dict:
                    "vllm": {"version": "0.25.0", "install_path": "/opt/vllm"}}],
         "instances": [
             {"name": name, "host": "h200", "model": str(STAGE / "model"), "port": port, "gpus": [0],
-             "gpu_memory_utilization": SHARE, **({"profile": profile} if profile else {}),
+             "gpu_memory_utilization": share, **({"profile": profile} if profile else {}),
              "options": {"tokenizer": str(STAGE / "tok"), "load-format": "dummy", **options},
              "env": {**BUNDLE_ENV, **env}}
-            for name, (port, profile, options, env) in INSTANCES.items()
+            for name, (port, profile, options, env) in (instances or INSTANCES).items()
         ],
     }
 
@@ -116,7 +116,7 @@ def healthy(port: int) -> bool:
         return False
 
 
-def serve(names: list[str]) -> None:
+def serve(names: list[str], ports: dict[str, int] | None = None) -> None:
     """Start each instance as its unit would (ExecStart, Environment=), the next one once the previous
     has its KV cache (vLLM's memory check has passed), then wait for each with ExecStartPost's probe."""
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -127,13 +127,14 @@ def serve(names: list[str]) -> None:
     started = {}
     for name in names:
         unit = units[name]
-        port = INSTANCES[name][0]
+        port = (ports or {n: spec[0] for n, spec in INSTANCES.items()})[name]
         if healthy(port):
             print(f"{name}: already serving on {port}", flush=True)
             continue
         service = _service(unit.unit.content)
         env = {**os.environ, **unit.environment}
         env.pop("VLLM_API_KEY", None)
+        env.pop("PYTHONPATH", None)  # a unit sets none: the venv's `vllm` finds its own packages
         log = open(LOGS / f"{name}.log", "w")
         begin = time.monotonic()
         home = Path(unit.environment["HF_HOME"]).parent  # the unit's WorkingDirectory (vllm_service_home)
