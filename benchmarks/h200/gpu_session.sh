@@ -6,7 +6,7 @@
 # The job: unpack gpu-lab's vLLM; the audit over SSH of two servers started by hand, recorded for the replay
 # test (tests/fixtures/gpu/h200-audit/serve_and_audit.sh, into /root/audit-out); every vLLM stopped; then the
 # profiles against vLLM's defaults at request rates and the capacity check (benchmarks/h200/rates.py, into
-# /root/rates). It runs from a copy of this checkout (/root/repo): a later call's fresh tree cannot move under it.
+# /root/rates); SKIP_AUDIT=1 leaves the audit out. It runs from a copy of this checkout (/root/repo): a later call's fresh tree cannot move under it.
 set -u
 export PYTHONUNBUFFERED=1
 rm -rf /root/repo /root/audit-out /root/rates /root/h200 /root/*.end /root/session.log
@@ -17,7 +17,9 @@ if [ ! -d /root/stage/stage/site ]; then
 fi
 cd /root/repo || exit 1
 (setsid nohup bash -c '
-  OUT=/root/audit-out bash tests/fixtures/gpu/h200-audit/serve_and_audit.sh >/root/audit-out/stdout.txt 2>&1
+  if [ -z "${SKIP_AUDIT:-}" ]; then
+    OUT=/root/audit-out bash tests/fixtures/gpu/h200-audit/serve_and_audit.sh >/root/audit-out/stdout.txt 2>&1
+  fi
   echo "exit $?" >/root/audit.end
   pkill -9 -f "[v]llm|[V]LLM"
   for _ in $(seq 90); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break; sleep 1; done
