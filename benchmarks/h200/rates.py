@@ -38,12 +38,12 @@ INSTANCES = {"defaults": (8001, None, {}, {}), "latency": (8002, "latency", {}, 
 SHARE = 0.45
 LOAD = "single"  # 512 in / 128 out, the lengths of gpu-lab's reference runs
 SLO = "ttft_p99<=300ms,itl_p99<=40ms"
-SECONDS = 10.0  # each run sends rate x this many requests
+SECONDS = 8.0  # each run sends rate x this many requests
 ROUNDS = 3
 CONDITIONS = tuple(Arrivals(rate, burstiness, MAX_IN_FLIGHT, SECONDS)
                    for rate in (20.0, 40.0) for burstiness in (1.0, 0.25))
 CAPACITY_START = 24.0
-CAPACITY_TRIALS = 8
+CAPACITY_TRIALS = 7
 OVER = 1.2  # the check: at the capacity the SLO holds, at 1.2x it does not
 TUNED = "latency"
 COLUMNS = (("request_throughput", "req/s", 1), ("output_throughput", "tok/s", 0), ("p50_ttft_ms", "TTFT p50", 1),
