@@ -38,12 +38,12 @@ INSTANCES = {"defaults": (8001, None, {}, {}), "latency": (8002, "latency", {}, 
 SHARE = 0.45
 LOAD = "single"  # 512 in / 128 out, the lengths of gpu-lab's reference runs
 SLO = "ttft_p99<=300ms,itl_p99<=40ms"
-SECONDS = 8.0  # each run sends rate x this many requests
+SECONDS = 6.0  # each run sends rate x this many requests
 ROUNDS = 3
 CONDITIONS = tuple(Arrivals(rate, burstiness, MAX_IN_FLIGHT, SECONDS)
                    for rate, burstiness in ((20.0, 1.0), (40.0, 1.0), (40.0, 0.25)))  # Poisson at two rates, a burst
 CAPACITY_START = 24.0
-CAPACITY_TRIALS = 6
+CAPACITY_TRIALS = 5
 OVER = 1.2  # the check: at the capacity the SLO holds, at 1.2x it does not
 TUNED = "latency"
 COLUMNS = (("request_throughput", "req/s", 1), ("output_throughput", "tok/s", 0), ("p50_ttft_ms", "TTFT p50", 1),
