@@ -370,3 +370,50 @@ def test_the_boot_time_is_read_to_a_hundredth_not_cut_to_the_second():
     # a file within the start's precision (20 ms after the start as read) is no pending restart; a second after it is
     assert running.changed_files(1000.0, {"/etc/vllm/chat.yaml": 1000.02}) == []
     assert running.changed_files(1000.0, {"/etc/vllm/chat.yaml": 1001.0}) == [("/etc/vllm/chat.yaml", 1001.0)]
+
+
+def test_the_api_probe_asks_the_servers_own_port_first_and_a_silent_socket_once(monkeypatch):
+    """A vLLM server also listens on its engine's sockets, which take a connection and never answer HTTP: on the
+    lent H100 a server listened on six of them besides its port, and asking each /version and /v1/models in
+    address order made one discovery take 48 s. Its own port (command line, else config, else 8000) goes first;
+    a socket that does not answer /version is not asked /v1/models."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class VllmApi(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = {"/version": {"version": "0.25.0"}, "/v1/models": {"object": "list", "data": []}}[self.path]
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args):
+            pass
+
+    api = ThreadingHTTPServer(("127.0.0.1", 0), VllmApi)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # takes connections (the kernel's backlog), never answers
+    monkeypatch.setattr(processes, "API_PROBE_TIMEOUT_S", 0.5)
+    port, quiet = api.server_address[1], silent.getsockname()[1]
+    addresses = [f"127.0.0.1:{quiet}", f"127.0.0.1:{port}"]  # the engine's socket first, as sorted addresses were
+    try:
+        begin = time.monotonic()
+        assert processes.api_facts(addresses, port) == {"address": f"127.0.0.1:{port}", "version": "0.25.0",
+                                                         "vllm_api": True}
+        assert time.monotonic() - begin < 0.5  # the silent socket, listed first, was not asked
+        begin = time.monotonic()
+        assert processes.api_facts(addresses)["version"] == "0.25.0"  # port unknown: in order
+        assert 0.5 <= time.monotonic() - begin < 1.0  # the silent socket asked once (/version), not twice
+    finally:
+        api.shutdown()
+        silent.close()
+
+
+def test_a_servers_port_is_its_command_lines_then_its_configs_then_vllms_default():
+    assert processes.serving_port(["vllm", "serve", "m", "--port", "8001"], "port: 9000\n") == 8001
+    assert processes.serving_port(["vllm", "serve", "--port=8002"], None) == 8002
+    assert processes.serving_port(["vllm", "serve", "--config", "c.yaml"], 'model: m\nport: "8003"  # ours\n') == 8003
+    assert processes.serving_port(["vllm", "serve", "m"], "model: m\n") == 8000
