@@ -39,6 +39,10 @@ SHARE = 0.45
 LOAD = "single"  # 512 in / 128 out, the lengths of gpu-lab's reference runs
 SLO = "ttft_p99<=300ms,itl_p99<=40ms"
 SECONDS = 6.0  # each run sends rate x this many requests
+# Budget: on the lent H100 (2026-12-07) a run took 26-34 s, of which ~20 s is `vllm bench serve` starting (its
+# imports, the 152k-word tokenizer); the two servers were ready 3 min after the start. 18 side-by-side runs,
+# 5 capacity trials and 6 checks are ~16 min: more than one session's device time left after a failed start
+# or two. What that run measured: benchmarks/h200/results/2026-12-07-h100-rates/.
 ROUNDS = 3
 CONDITIONS = tuple(Arrivals(rate, burstiness, MAX_IN_FLIGHT, SECONDS)
                    for rate, burstiness in ((20.0, 1.0), (40.0, 1.0), (40.0, 0.25)))  # Poisson at two rates, a burst
