@@ -458,8 +458,8 @@ def api_facts(addresses: list[str], port: int | None = None) -> dict:
     """{"address", "version", "vllm_api"} of the first address whose answers are vLLM's API; {} if none is.
     Addresses on `port` (the server's own, from its command line or config) are asked first, and an address
     that does not answer /version is not asked again: a vLLM server also listens on its engine's sockets, which
-    take a connection and never answer HTTP (each costs API_PROBE_TIMEOUT_S: on an H100, 12 such sockets made
-    one audit's discovery take 48 s)."""
+    take a connection and never answer HTTP (each costs API_PROBE_TIMEOUT_S: on an H100, two servers' 12 such
+    sockets made one audit's discovery take 48 s)."""
     for address in sorted(addresses, key=lambda item: item.rpartition(":")[2] != str(port)):
         version = http_get(address, "/version")
         if version is None:
@@ -478,10 +478,11 @@ def serving_port(argv: list[str], config: str | None) -> int:
             argv[index + 1] if word == "--port" and index + 1 < len(argv) else None)
         if value is not None and value.isdigit():
             return int(value)
-    for line in (config or "").splitlines():
+    for line in (config or "").splitlines():  # a YAML file's top-level `port: 8001` (vLLM's --config)
         key, _, value = line.partition(":")
-        if key.strip() == "port" and value.split("#")[0].strip().strip("'\"").isdigit():
-            return int(value.split("#")[0].strip().strip("'\""))
+        value = value.split("#")[0].strip().strip("'\"")
+        if key == "port" and value.isdigit():
+            return int(value)
     return 8000
 
 
