@@ -75,24 +75,43 @@ def same_flags_as_defaults(profile: str) -> bool:
 
 
 def campaign(out: Path) -> None:
+    """The runs of the module docstring, in order of what matters most if the machine goes back early; OUT/campaign.json
+    is written after every run."""
     out.mkdir(parents=True, exist_ok=True)
     spec = load_spec(harness.SPEC)
     vllm = str(harness.units_vllm(build_plan(spec)[0].units))
     targets = {name: bench_target(spec, name, vllm) for name in INSTANCES}
-    load, slo = get_load(LOAD), parse_slo(SLO)
     record: dict = {"slo": SLO, "load": LOAD, "share": SHARE, "rounds": ROUNDS,
                     "conditions": [arrivals.label for arrivals in CONDITIONS],
                     "throughput_renders_defaults": same_flags_as_defaults("throughput"),
                     "configs": {name: target.config_text for name, target in targets.items()},
                     "runs": [], "side_by_side": {}, "capacity": None, "check": []}
-    save = lambda: (out / "campaign.json").write_text(json.dumps(record, indent=1) + "\n")  # noqa: E731
+
+    def save() -> None:
+        (out / "campaign.json").write_text(json.dumps(record, indent=1) + "\n")
+
     log(out, f"throughput renders defaults: {record['throughput_renders_defaults']}")
+    side_by_side(targets, out, record, save)
+    (out / "table.md").write_text(table(record))
+    record["capacity"] = capacity(out, vllm)
+    save()
+    rate = (record["capacity"] or {}).get("rate")
+    for label, at in ((("at the capacity", rate), (f"at {OVER:g}x", round(rate * OVER, 3))) if rate else ()):
+        record["check"].append(check(targets[TUNED], label, Arrivals(at, 1.0, MAX_IN_FLIGHT, SECONDS), out))
+        save()
+    (out / "table.md").write_text(table(record))
+    log(out, "done")
+
+
+def side_by_side(targets: dict, out: Path, record: dict, save) -> None:
+    """Every instance at every arrival pattern, ROUNDS rounds, the instances' order alternating by round."""
+    load, slo = get_load(LOAD), parse_slo(SLO)
     sets = {name: RunSet(name, {"instance": name}) for name in INSTANCES}
     for round_ in range(1, ROUNDS + 1):
         order = list(INSTANCES) if round_ % 2 else list(reversed(INSTANCES))
         for arrivals in CONDITIONS:
             for name in order:
-                run = one(targets[name], load, arrivals, round_, out / "runs" / name)
+                run = one(targets[name], load, arrivals, round_, out)
                 if run is None:
                     continue
                 sets[name].runs.append(run)
@@ -106,43 +125,37 @@ def campaign(out: Path) -> None:
             arrivals.label: {**medians, "slo": verdict(evaluate(run_set, slo, name, {}, arrivals))}
             for arrivals, medians in run_set.rate_summary().items()}
     save()
-    (out / "table.md").write_text(table(record))
-    record["capacity"] = capacity(out, vllm)
-    save()
-    rate = (record["capacity"] or {}).get("rate")
-    if rate:
-        for label, at in (("at the capacity", rate), (f"at {OVER:g}x", round(rate * OVER, 3))):
-            arrivals = Arrivals(at, 1.0, MAX_IN_FLIGHT, SECONDS)
-            run_set = RunSet(f"check-{arrivals.key}", {})
-            for round_ in range(1, ROUNDS + 1):
-                run = one(targets[TUNED], load, arrivals, round_, out / "runs" / "check")
-                if run is not None:
-                    run_set.runs.append(run)
-                    alone = RunSet("one", {}, [run])
-                    log(out, f"check {label} ({arrivals.label}) round {round_}: "
-                             f"{verdict(evaluate(alone, slo, 'one', {}, arrivals))}")
-            outcome = evaluate(run_set, slo, run_set.name, {}, arrivals) if run_set.runs else None
-            record["check"].append({"what": label, "arrivals": arrivals.label,
-                                    "rounds": [verdict(evaluate(RunSet("one", {}, [r]), slo, "one", {}, arrivals))
-                                               for r in run_set.runs],
-                                    "median": verdict(outcome) if outcome else "not measured",
-                                    **(run_set.rate_summary().get(arrivals, {}))})
-            save()
-    (out / "table.md").write_text(table(record))
-    log(out, "done")
 
 
-def one(target, load, arrivals: Arrivals, round_: int, folder: Path) -> Run | None:
-    """One run at `arrivals` (round_ as its repeat), kept under folder; None (logged) where requests were lost."""
+def check(target, label: str, arrivals: Arrivals, out: Path) -> dict:
+    """ROUNDS runs of the tuned instance at `arrivals`: the SLO's verdict on each and on their medians."""
+    load, slo = get_load(LOAD), parse_slo(SLO)
+    runs, rounds = [], []
+    for round_ in range(1, ROUNDS + 1):
+        run = one(target, load, arrivals, round_, out, "check")
+        if run is not None:
+            runs.append(run)
+            rounds.append(verdict(evaluate(RunSet("one", {}, [run]), slo, "one", {}, arrivals)))
+            log(out, f"check {label} ({arrivals.label}) round {round_}: {rounds[-1]}")
+    together = RunSet(f"check-{arrivals.key}", {}, runs)
+    return {"what": label, "arrivals": arrivals.label, "rounds": rounds,
+            "median": verdict(evaluate(together, slo, together.name, {}, arrivals)) if runs else "not measured",
+            **together.rate_summary().get(arrivals, {})}
+
+
+def one(target, load, arrivals: Arrivals, round_: int, out: Path, folder: str | None = None) -> Run | None:
+    """One run at `arrivals` (round_ as its repeat), kept under OUT/runs/FOLDER (default: the instance's name);
+    None (logged) where requests were lost."""
     try:
         run_set = run_bench(target, load, 1, target.name, concurrencies=(), arrivals=(arrivals,))
     except BenchError as error:
-        log(folder.parent.parent, f"round {round_} {target.name} {arrivals.label}: {str(error).splitlines()[0]}")
+        log(out, f"round {round_} {target.name} {arrivals.label}: {str(error).splitlines()[0]}")
         return None
     (run,) = run_set.runs
     run = Run(run.concurrency, round_, run.seed, run.result, run.arrivals)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / run.file_name).write_text(json.dumps(run.to_json()) + "\n")
+    kept = out / "runs" / (folder or target.name)
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / run.file_name).write_text(json.dumps(run.to_json()) + "\n")
     return run
 
 
