@@ -107,12 +107,16 @@ def side_by_side(targets: dict, out: Path, record: dict, save) -> None:
     """Every instance at every arrival pattern, ROUNDS rounds, the instances' order alternating by round."""
     load, slo = get_load(LOAD), parse_slo(SLO)
     sets = {name: RunSet(name, {"instance": name}) for name in INSTANCES}
+    lost: dict[tuple[str, str], int] = {}  # (instance, arrivals): runs that lost requests
     for round_ in range(1, ROUNDS + 1):
         order = list(INSTANCES) if round_ % 2 else list(reversed(INSTANCES))
         for arrivals in CONDITIONS:
             for name in order:
                 run = one(targets[name], load, arrivals, round_, out)
-                if run is None:
+                if isinstance(run, str):  # the SLO is missed there, whatever the other runs measured
+                    lost[name, arrivals.label] = lost.get((name, arrivals.label), 0) + 1
+                    record["runs"].append({"instance": name, "round": round_, "arrivals": arrivals.label, "lost": run})
+                    save()
                     continue
                 sets[name].runs.append(run)
                 record["runs"].append({"instance": name, "round": round_, "arrivals": arrivals.label,
@@ -121,9 +125,12 @@ def side_by_side(targets: dict, out: Path, record: dict, save) -> None:
                     f"{title} {run.result.get(key, float('nan')):.{digits}f}" for key, title, digits in COLUMNS))
                 save()
     for name, run_set in sets.items():
+        medians = run_set.rate_summary()
         record["side_by_side"][name] = {
-            arrivals.label: {**medians, "slo": verdict(evaluate(run_set, slo, name, {}, arrivals))}
-            for arrivals, medians in run_set.rate_summary().items()}
+            arrivals.label: {**medians.get(arrivals, {}), "slo": (
+                f"missed (requests lost in {lost[name, arrivals.label]} of {ROUNDS} runs)" if (name, arrivals.label) in lost
+                else verdict(evaluate(run_set, slo, name, {}, arrivals)))}
+            for arrivals in CONDITIONS if arrivals in medians or (name, arrivals.label) in lost}
     save()
 
 
@@ -133,24 +140,29 @@ def check(target, label: str, arrivals: Arrivals, out: Path) -> dict:
     runs, rounds = [], []
     for round_ in range(1, ROUNDS + 1):
         run = one(target, load, arrivals, round_, out, "check")
-        if run is not None:
+        if isinstance(run, str):
+            rounds.append(f"missed (requests lost: {run})")
+        else:
             runs.append(run)
             rounds.append(verdict(evaluate(RunSet("one", {}, [run]), slo, "one", {}, arrivals)))
-            log(out, f"check {label} ({arrivals.label}) round {round_}: {rounds[-1]}")
+        log(out, f"check {label} ({arrivals.label}) round {round_}: {rounds[-1]}")
     together = RunSet(f"check-{arrivals.key}", {}, runs)
-    return {"what": label, "arrivals": arrivals.label, "rounds": rounds,
-            "median": verdict(evaluate(together, slo, together.name, {}, arrivals)) if runs else "not measured",
+    lost = len(rounds) - len(runs)
+    median = (f"missed (requests lost in {lost} of {ROUNDS} runs)" if lost
+              else verdict(evaluate(together, slo, together.name, {}, arrivals)))
+    return {"what": label, "arrivals": arrivals.label, "rounds": rounds, "median": median,
             **together.rate_summary().get(arrivals, {})}
 
 
-def one(target, load, arrivals: Arrivals, round_: int, out: Path, folder: str | None = None) -> Run | None:
+def one(target, load, arrivals: Arrivals, round_: int, out: Path, folder: str | None = None) -> Run | str:
     """One run at `arrivals` (round_ as its repeat), kept under OUT/runs/FOLDER (default: the instance's name);
-    None (logged) where requests were lost."""
+    where requests were lost (the bench refuses such a result), why, logged: the SLO is missed there."""
     try:
         run_set = run_bench(target, load, 1, target.name, concurrencies=(), arrivals=(arrivals,))
     except BenchError as error:
-        log(out, f"round {round_} {target.name} {arrivals.label}: {str(error).splitlines()[0]}")
-        return None
+        why = str(error).splitlines()[0]
+        log(out, f"round {round_} {target.name} {arrivals.label}: {why}")
+        return why
     (run,) = run_set.runs
     run = Run(run.concurrency, round_, run.seed, run.result, run.arrivals)
     kept = out / "runs" / (folder or target.name)
@@ -188,7 +200,7 @@ def table(record: dict) -> str:
         for name, by_label in record["side_by_side"].items():
             medians = by_label.get(label)
             if medians:
-                cells = " | ".join(f"{medians.get(key, float('nan')):.{digits}f}" for key, _, digits in COLUMNS)
+                cells = " | ".join(f"{medians[key]:.{digits}f}" if key in medians else "—" for key, _, digits in COLUMNS)
                 lines.append(f"| {label} | {name} | {cells} | {medians['slo']} |")
     if record.get("capacity"):
         found = record["capacity"]
