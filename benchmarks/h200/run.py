@@ -159,6 +159,9 @@ def serve(names: list[str], ports: dict[str, int] | None = None) -> None:
         print(name, json.dumps(timings[name]), flush=True)
         if ready.returncode:
             print(text[-3000:], flush=True)
+    failed = [name for name, timing in timings.items() if timing["ready_rc"]]
+    if failed:  # what runs after (a bench, an audit) must not run against a server that is not there
+        sys.exit(f"not ready: {', '.join(failed)} (their logs: {LOGS})")
 
 
 def _service(content: str) -> dict[str, str]:
