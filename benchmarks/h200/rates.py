@@ -6,6 +6,9 @@ rate (Poisson and bursty), 3 rounds, side by side.
   python3 -m benchmarks.h200.rates serve          the spec (this GPU), vLLM as the units run it, both instances up
   python3 -m benchmarks.h200.rates campaign OUT   the runs: OUT/campaign.json (written after every run), OUT/table.md
 
+With RATES_ONLY=capacity in the environment, both serve the tuned instance alone and the campaign is the capacity
+and its check (for a session with little device time left).
+
 Both instances share the GPU (0.45 each), started as their units would (benchmarks/h200/run.py); one is loaded
 at a time, the order alternating by round so a drift of the machine spreads over both. Every run goes through
 the package's own bench (provision.bench: `vllm bench serve` as `provision bench` and `provision tune` run it),
@@ -51,14 +54,19 @@ CAPACITY_START = 24.0
 CAPACITY_TRIALS = 5
 OVER = 1.2  # the check: at the capacity the SLO holds, at 1.2x it does not
 TUNED = "latency"
+ONLY_CAPACITY = os.environ.get("RATES_ONLY") == "capacity"
 COLUMNS = (("request_throughput", "req/s", 1), ("output_throughput", "tok/s", 0), ("p50_ttft_ms", "TTFT p50", 1),
            ("p99_ttft_ms", "TTFT p99", 1), ("p99_itl_ms", "ITL p99", 1), ("p50_tpot_ms", "TPOT p50", 2))
 
 
+def served() -> dict:
+    return {TUNED: INSTANCES[TUNED]} if ONLY_CAPACITY else INSTANCES
+
+
 def serve() -> None:
     harness.stop()
-    harness.prepare(INSTANCES, SHARE)
-    harness.serve(list(INSTANCES), {name: spec[0] for name, spec in INSTANCES.items()})
+    harness.prepare(served(), SHARE)
+    harness.serve(list(served()), {name: spec[0] for name, spec in served().items()})
 
 
 def same_flags_as_defaults(profile: str) -> bool:
@@ -81,10 +89,10 @@ def campaign(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     spec = load_spec(harness.SPEC)
     vllm = str(harness.units_vllm(build_plan(spec)[0].units))
-    targets = {name: bench_target(spec, name, vllm) for name in INSTANCES}
+    targets = {name: bench_target(spec, name, vllm) for name in served()}
     record: dict = {"slo": SLO, "load": LOAD, "share": SHARE, "rounds": ROUNDS,
                     "conditions": [arrivals.label for arrivals in CONDITIONS],
-                    "throughput_renders_defaults": same_flags_as_defaults("throughput"),
+                    "throughput_renders_defaults": None if ONLY_CAPACITY else same_flags_as_defaults("throughput"),
                     "configs": {name: target.config_text for name, target in targets.items()},
                     "runs": [], "side_by_side": {}, "capacity": None, "check": []}
 
@@ -99,8 +107,9 @@ def campaign(out: Path) -> None:
         record["check"].append(check(targets[TUNED], label, Arrivals(at, 1.0, MAX_IN_FLIGHT, SECONDS), out))
         save()
     (out / "table.md").write_text(table(record))
-    side_by_side(targets, out, record, save)
-    (out / "table.md").write_text(table(record))
+    if not ONLY_CAPACITY:
+        side_by_side(targets, out, record, save)
+        (out / "table.md").write_text(table(record))
     log(out, "done")
 
 
