@@ -50,7 +50,7 @@ ROUNDS = 3
 CHECK_ROUNDS = 1  # the check: a run at the capacity (met) and one at OVER x it (missed)
 CONDITIONS = tuple(Arrivals(rate, burstiness, MAX_IN_FLIGHT, SECONDS)
                    for rate, burstiness in ((20.0, 1.0), (40.0, 1.0), (40.0, 0.25)))  # Poisson at two rates, a burst
-CAPACITY_START = 24.0
+CAPACITY_START = 32.0
 CAPACITY_TRIALS = 5
 OVER = 1.2  # the check: at the capacity the SLO holds, at 1.2x it does not
 TUNED = "latency"
