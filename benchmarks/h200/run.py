@@ -54,15 +54,21 @@ INSTANCES = {
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 
-def gpu_uuid() -> str:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
-    return re.search(r"UUID: (GPU-[0-9a-f-]+)", out).group(1)
+def gpu_device() -> dict:
+    """GPU 0 of this machine: the spec's device is the card the run is on (the H200, or a lent H100)."""
+    return gpu0(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout)
+
+
+def gpu0(listing: str) -> dict:
+    """GPU 0 as `nvidia-smi -L` lists it, as a spec's device."""
+    found = re.search(r"^GPU 0: (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", listing, re.MULTILINE)
+    return {"index": 0, "uuid": found.group(2), "model": found.group(1)}
 
 
 def prepare(instances: dict | None = None, share: float = SHARE) -> None:
     """The spec, the files apply would write, and vLLM laid out where the rendered units run it."""
     WORK.mkdir(parents=True, exist_ok=True)
-    SPEC.write_text(yaml.safe_dump(harness_spec(gpu_uuid(), instances, share), sort_keys=False))
+    SPEC.write_text(yaml.safe_dump(harness_spec(gpu_device(), instances, share), sort_keys=False))
     (plan,) = build_plan(load_spec(SPEC))
     if plan.memory_problems:
         sys.exit("\n".join(plan.memory_problems))
@@ -86,12 +92,12 @@ def units_vllm(units: list) -> Path:
     return Path(vllm)
 
 
-def harness_spec(uuid: str, instances: dict | None = None, share: float = SHARE) -> dict:
-    """The spec of the instances (default: INSTANCES), each at `share` of this GPU."""
+def harness_spec(device: dict, instances: dict | None = None, share: float = SHARE) -> dict:
+    """The spec of the instances (default: INSTANCES), each at `share` of the GPU `device`."""
     return {
         "version": 1,
         "hosts": [{"name": "h200", "address": "127.0.0.1", "settings": {"nouveau_blacklist": False},
-                   "gpus": {"devices": [{"index": 0, "uuid": uuid, "model": "NVIDIA H200"}]},
+                   "gpus": {"devices": [device]},
                    "vllm": {"version": "0.25.0", "install_path": "/opt/vllm"}}],
         "instances": [
             {"name": name, "host": "h200", "model": str(STAGE / "model"), "port": port, "gpus": [0],

@@ -73,9 +73,15 @@ def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None
     """The search over recorded run sets; run sets it did not visit join the outcomes after it (the
     winner is chosen from all of them), marked in the notes. `at`: the SLO judged at that request rate."""
     recorded = RecordedResults(folder, slo, at)
+    candidates = recorded.all()
+    if not candidates:
+        held = sorted(path.parent.name for path in folder.glob("*/*/runset.json"))[:3]
+        raise ResultError(f"{folder}: no run set recorded there — give the folder holding one run set per candidate "
+                          f"(DIR/<candidate>/runset.json), a tune's RESULTS/NAME"
+                          + (f"; its subfolders hold some: {', '.join(held)}" if held else ""))
     result = search(axes, recorded, budget, deployed=deployed)
     visited = {outcome.name for outcome in result.outcomes}
-    for outcome in recorded.all():
+    for outcome in candidates:
         if outcome.name not in visited:
             result.outcomes.append(outcome)
             result.notes.append(f"{outcome.name}: recorded, not on the search's path; compared all the same")
@@ -106,13 +112,20 @@ def replay_capacity(folder: Path, slo: Slo, winner: Outcome, shape: Arrivals, ma
     if start is None:
         return None
 
+    created: list[str] = []
+
     def recorded(arrivals: Arrivals) -> Outcome:
         trial = folder / f"{CAPACITY_TRIAL}{arrivals.key}"
         if not (trial / "runset.json").is_file():
             raise Skipped(f"not recorded (no {trial})")
-        return evaluate(load_run_set(trial), slo, trial.name, winner.changes, arrivals)
+        run_set = load_run_set(trial)
+        created.append(str(run_set.meta.get("created") or ""))
+        return evaluate(run_set, slo, trial.name, winner.changes, arrivals)
 
-    return find_capacity(recorded, start, slo.text, winner.changes, max_trials)
+    found = find_capacity(recorded, start, slo.text, winner.changes, max_trials)
+    # when the trials began, as the live search records it (its first trial's start), not when they were replayed
+    found.measured = min(filter(None, created), default="time not recorded")
+    return found
 
 
 def run_tune(spec: Spec, instance_name: str, slo: Slo, load: Load, axes: tuple[Axis, ...], repeats: int,

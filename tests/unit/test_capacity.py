@@ -76,12 +76,16 @@ def test_a_rate_that_cannot_be_measured_ends_the_search_with_what_was_measured()
 
 # --- the command line, offline: trials recorded as a live tune saves them ----------------------------------
 
+TRIALS_MEASURED = "2026-12-07T00:10:00+00:00"  # a run set's `created`
+
+
 def trial_run_set(rate: float, ttft_p99: float, itl_p99: float) -> RunSet:
     arrivals = Arrivals(rate, 1.0, 1024, 30)
     result = {"completed": 100, "failed": 0, "output_throughput": rate * 128, "request_throughput": rate,
               "median_tpot_ms": 8.0, "p99_ttft_ms": ttft_p99, "p99_itl_ms": itl_p99, "request_rate": float(rate),
               "burstiness": 1.0, "max_concurrency": 1024}
-    return RunSet(f"capacity-{arrivals.key}", {}, [Run(1024, 1, 1, result, arrivals)])
+    return RunSet(f"capacity-{arrivals.key}", {"created": TRIALS_MEASURED},
+                  [Run(1024, 1, 1, result, arrivals)])
 
 
 def recorded_tune(folder: Path) -> tuple[Path, float, float]:
@@ -121,7 +125,9 @@ def test_tune_capacity_replays_the_trials_keeps_the_result_and_writes_it_into_th
     written = load_spec(tmp_path / "spec.yml").instances[0]
     assert written.options["performance-mode"] == "interactivity"
     assert (written.capacity.rate, written.capacity.slo) == (expected, "itl_p99<=126ms,ttft_p99<=800ms")
-    assert written.capacity.measured.startswith(f"{folder}/capacity.json, 20")
+    assert kept["measured"] == TRIALS_MEASURED  # replayed: when its trials were measured, not when replayed
+    assert written.capacity.measured == f"{folder}/capacity.json, {TRIALS_MEASURED}"
+
 
 
 def test_tune_capacity_without_a_winner_measures_nothing_more(tmp_path):
@@ -231,3 +237,32 @@ def test_tune_capacity_that_finds_no_rate_exits_1_and_writes_no_capacity(tmp_pat
     assert f"note: {start:g}/s Poisson: not measured — not recorded" in outcome.output
     written = load_spec(tmp_path / "spec.yml").instances[0]
     assert written.capacity is None and written.options["performance-mode"] == "interactivity"
+
+
+# --- the lent H100's capacity run (issue 37, point 4), replayed ----------------------------------------------
+
+H100_RUN = Path(__file__).resolve().parents[2] / "benchmarks/h200/results/2026-12-07-h100-capacity"
+
+
+def test_the_h100_trials_replayed_give_the_capacity_the_live_tune_kept_and_plan_sizes_a_route_by_it(tmp_path):
+    """benchmarks/h200/rates.py ran `provision tune --capacity` on the lent H100 (its trials and capacity.json
+    are kept): replaying those trials finds the same answer, to the field, and plan counts replicas by it."""
+    folder = tmp_path / "capacity"
+    shutil.copytree(H100_RUN / "tune/capacity", folder)
+    live = json.loads((folder / "capacity.json").read_text())
+    (folder / "capacity.json").unlink()
+    spec = tmp_path / "spec.yml"
+    spec.write_text((H100_RUN / "spec.yml").read_text() + "gateways:\n- {name: public, host: h200, rates: "
+                    "{/root/stage/stage/model: 150}}\n")
+    outcome = CliRunner().invoke(app, ["tune", "latency", "--spec", str(spec), "--slo", SLO, "--load", "single",
+                                       "--max-candidates", "1", "--rate", "32", "--rate-seconds", "6", "--capacity",
+                                       "--capacity-trials", "5", "--from-results", str(folder), "--write"],
+                                 env={"COLUMNS": "250", "NO_COLOR": "1", "PROVISION_SPEC": ""})
+    assert outcome.exit_code == 0, outcome.output
+    assert json.loads((folder / "capacity.json").read_text()) == live
+    assert live["rate"] == 60 and [(trial["rate"], trial["meets"]) for trial in live["trials"]] == [
+        (32, True), (64, False), (48, True), (56, True), (60, True)]
+    (host_plan,) = build_plan(load_spec(spec))
+    (route,) = host_plan.routes
+    assert route.carries == (f"150/s takes 3 replica(s) at 60/s each (latency, SLO {SLO}, measured: "
+                             f"{folder}/capacity.json, {live['measured']}); the route has 1: short by 2: add replicas")

@@ -14,12 +14,13 @@ from provisioner.plan import build_plan
 from provisioner.spec import load_spec
 from provisioner.spec.models import VllmSettings
 
-UUID = "GPU-00000000-1111-2222-3333-000000000001"
+DEVICE = {"index": 0, "uuid": "GPU-00000000-1111-2222-3333-000000000001", "model": "NVIDIA H100 80GB HBM3"}
+FIXTURES = Path(__file__).parents[1] / "fixtures/gpu"
 
 
 def test_the_harness_runs_the_vllm_of_the_rendered_units_for_the_specs_version(tmp_path):
     spec = tmp_path / "spec.yml"
-    data = run.harness_spec(UUID)
+    data = run.harness_spec(DEVICE)
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     (plan,) = build_plan(load_spec(spec))
     settings = data["hosts"][0]["vllm"]
@@ -30,3 +31,11 @@ def test_the_harness_runs_the_vllm_of_the_rendered_units_for_the_specs_version(t
     source = Path(run.__file__).read_text(encoding="utf-8") + Path(run.__file__).with_name("decode_trace.py").read_text(
         encoding="utf-8")
     assert "/opt/vllm/venv/" not in source and "Path(\"/opt/vllm" not in source  # no path of its own
+
+
+def test_the_harness_spec_names_the_card_the_run_is_on():
+    """A lent H100's run must not be recorded as an H200's (the spec once said "NVIDIA H200" on any card)."""
+    listing = (FIXTURES / "h200x2/nvidia-smi-L.txt").read_text(encoding="utf-8")
+    device = run.gpu0(listing)
+    assert device["model"] == "NVIDIA H200" and device["uuid"] in listing.splitlines()[0]
+    assert run.harness_spec(DEVICE)["hosts"][0]["gpus"]["devices"] == [DEVICE]
