@@ -75,10 +75,10 @@ def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None
     recorded = RecordedResults(folder, slo, at)
     candidates = recorded.all()
     if not candidates:
-        held = sorted(path.parent.name for path in folder.glob("*/*/runset.json"))[:3]
+        held = sorted({str(path.parent.parent) for path in folder.glob("*/*/runset.json")})
         raise ResultError(f"{folder}: no run set recorded there — give the folder holding one run set per candidate "
                           f"(DIR/<candidate>/runset.json), a tune's RESULTS/NAME"
-                          + (f"; its subfolders hold some: {', '.join(held)}" if held else ""))
+                          + (f": {', '.join(held)}" if held else ""))
     result = search(axes, recorded, budget, deployed=deployed)
     visited = {outcome.name for outcome in result.outcomes}
     for outcome in candidates:

@@ -368,6 +368,6 @@ def test_tune_from_a_folder_holding_no_run_set_says_which_folder_to_give(tmp_pat
                                        "ttft_p99<=800ms"], env={"COLUMNS": "300", "NO_COLOR": "1", "PROVISION_SPEC": ""})
     assert outcome.exit_code == 1, outcome.output
     assert f"{results}: no run set recorded there — give the folder holding one run set per candidate " \
-           "(DIR/<candidate>/runset.json), a tune's RESULTS/NAME; its subfolders hold some: baseline" \
+           f"(DIR/<candidate>/runset.json), a tune's RESULTS/NAME: {results / 'tune-chat'}" \
            in outcome.output.replace("\n", " "), outcome.output
     assert "internal error" not in outcome.output and not isinstance(outcome.exception, IndexError)
