@@ -81,7 +81,7 @@ def tune(
     from provisioner.fleet.remote import RemoteError
     from provisioner.spec import SpecError
     from provisioner.spec.wording import printable
-    from provisioner.tune.measure import replay, replay_capacity
+    from provisioner.tune.measure import recorded_folder_problem, replay, replay_capacity
     from provisioner.tune.search import Budget
     from provisioner.tune.slo import parse_slo
     from provisioner.tune.space import search_space
@@ -114,9 +114,8 @@ def tune(
     folder = from_results or results / (name or f"tune-{run_set_name(target)}")
     if from_results is None and folder.exists():
         fail(USAGE_ERROR, f"{folder} exists — choose another --name or remove that folder")
-    if from_results is not None and not from_results.is_dir():
-        fail(USAGE_ERROR, f"--from-results {from_results}: no such folder — give the folder holding one run set "
-                          "per candidate (DIR/<candidate>/runset.json)")
+    if from_results is not None and (problem := recorded_folder_problem(from_results)):
+        fail(USAGE_ERROR, f"--from-results {problem}")
     untouched = "nothing was measured" if from_results else "the instance's config is as it was before the tune"
     try:
         if from_results is not None:

@@ -47,13 +47,32 @@ def parse_label(label: str) -> dict[str, Any]:
     return {flag: yaml.safe_load(value) for flag, _, value in parts}
 
 
+def candidate_run_sets(folder: Path) -> list[Path]:
+    """The candidates' run sets recorded in `folder` (FOLDER/<candidate label>/), by name; not the capacity trials."""
+    return [path.parent for path in sorted(folder.glob("*/runset.json"))
+            if not path.parent.name.startswith(CAPACITY_TRIAL)]
+
+
+def recorded_folder_problem(folder: Path) -> str | None:
+    """Why `folder` is not one a replay reads (`tune --from-results`), or None."""
+    where = "give the folder holding one run set per candidate (DIR/<candidate>/runset.json)"
+    if not folder.is_dir():
+        return f"{folder}: no such folder — {where}"
+    if not candidate_run_sets(folder):
+        below = sorted({str(path.parent.parent) for path in folder.glob("*/*/runset.json")})
+        return (f"{folder}: no run set recorded there — {where}, a tune's RESULTS/NAME"
+                + (f": {', '.join(below)}" if below else ""))
+    return None
+
+
 class RecordedResults:
     """measure() from run sets on disk: FOLDER/<candidate label>/ (runset.json, runs/*.json)."""
 
     def __init__(self, folder: Path, slo: Slo, at: Arrivals | None = None):
         self.folder, self.slo, self.at = folder, slo, at
-        if not folder.is_dir():
-            raise ResultError(f"{folder}: no such folder of recorded run sets")
+        problem = recorded_folder_problem(folder)
+        if problem:
+            raise ResultError(problem)
 
     def __call__(self, candidate: Candidate) -> Outcome:
         folder = self.folder / candidate.label
@@ -63,9 +82,8 @@ class RecordedResults:
 
     def all(self) -> list[Outcome]:
         """Every run set of the folder, by name."""
-        return [evaluate(load_run_set(path.parent), self.slo, path.parent.name, parse_label(path.parent.name), self.at)
-                for path in sorted(self.folder.glob("*/runset.json"))
-                if not path.parent.name.startswith(CAPACITY_TRIAL)]  # a capacity trial is no candidate
+        return [evaluate(load_run_set(path), self.slo, path.name, parse_label(path.name), self.at)
+                for path in candidate_run_sets(self.folder)]
 
 
 def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None = None,
@@ -73,15 +91,9 @@ def replay(folder: Path, slo: Slo, axes: tuple[Axis, ...], budget: Budget | None
     """The search over recorded run sets; run sets it did not visit join the outcomes after it (the
     winner is chosen from all of them), marked in the notes. `at`: the SLO judged at that request rate."""
     recorded = RecordedResults(folder, slo, at)
-    candidates = recorded.all()
-    if not candidates:
-        held = sorted({str(path.parent.parent) for path in folder.glob("*/*/runset.json")})
-        raise ResultError(f"{folder}: no run set recorded there — give the folder holding one run set per candidate "
-                          f"(DIR/<candidate>/runset.json), a tune's RESULTS/NAME"
-                          + (f": {', '.join(held)}" if held else ""))
     result = search(axes, recorded, budget, deployed=deployed)
     visited = {outcome.name for outcome in result.outcomes}
-    for outcome in candidates:
+    for outcome in recorded.all():
         if outcome.name not in visited:
             result.outcomes.append(outcome)
             result.notes.append(f"{outcome.name}: recorded, not on the search's path; compared all the same")
@@ -119,12 +131,13 @@ def replay_capacity(folder: Path, slo: Slo, winner: Outcome, shape: Arrivals, ma
         if not (trial / "runset.json").is_file():
             raise Skipped(f"not recorded (no {trial})")
         run_set = load_run_set(trial)
-        created.append(str(run_set.meta.get("created") or ""))
+        if run_set.meta.get("created"):
+            created.append(run_set.meta["created"])
         return evaluate(run_set, slo, trial.name, winner.changes, arrivals)
 
     found = find_capacity(recorded, start, slo.text, winner.changes, max_trials)
     # when the trials began, as the live search records it (its first trial's start), not when they were replayed
-    found.measured = min(filter(None, created), default="time not recorded")
+    found.measured = min(created, default="time not recorded")
     return found
 
 

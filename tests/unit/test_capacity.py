@@ -129,6 +129,17 @@ def test_tune_capacity_replays_the_trials_keeps_the_result_and_writes_it_into_th
     assert written.capacity.measured == f"{folder}/capacity.json, {TRIALS_MEASURED}"
 
 
+def test_a_replayed_capacity_whose_trials_carry_no_time_says_so(tmp_path):
+    folder, expected, _ = recorded_tune(tmp_path / "recorded")
+    for runset in folder.glob("capacity-*/runset.json"):
+        meta = json.loads(runset.read_text())
+        del meta["created"]
+        runset.write_text(json.dumps(meta))
+    outcome = tune(tmp_path, "--from-results", str(folder), "--capacity")
+    assert outcome.exit_code == 0, outcome.output
+    kept = json.loads((folder / "capacity.json").read_text())
+    assert (kept["rate"], kept["measured"]) == (expected, "time not recorded")
+
 
 def test_tune_capacity_without_a_winner_measures_nothing_more(tmp_path):
     folder, _, _ = recorded_tune(tmp_path / "recorded")

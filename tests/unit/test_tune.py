@@ -355,19 +355,13 @@ def test_tune_refuses_bad_input_in_one_line_before_anything_runs(tmp_path, args,
     assert not (tmp_path / "recorded" / "pareto.png").exists()
 
 
-def test_tune_from_a_folder_holding_no_run_set_says_which_folder_to_give(tmp_path):
-    """The tune's RESULTS instead of RESULTS/NAME once crashed the table (IndexError) instead of saying so."""
-    results = tmp_path / "results"
-    shutil.copytree(RECORDED / "conc-defaults", results / "tune-chat" / "baseline")
-    spec = tmp_path / "spec.yml"
-    spec.write_text(SPEC)
-    from typer.testing import CliRunner
 
-    from provisioner.cli.main import app
-    outcome = CliRunner().invoke(app, ["tune", "chat", "--spec", str(spec), "--from-results", str(results), "--slo",
-                                       "ttft_p99<=800ms"], env={"COLUMNS": "300", "NO_COLOR": "1", "PROVISION_SPEC": ""})
-    assert outcome.exit_code == 1, outcome.output
-    assert f"{results}: no run set recorded there — give the folder holding one run set per candidate " \
-           f"(DIR/<candidate>/runset.json), a tune's RESULTS/NAME: {results / 'tune-chat'}" \
+def test_tune_from_a_folder_holding_no_run_set_names_the_folders_below_it_that_do(tmp_path):
+    """A tune's RESULTS given instead of RESULTS/NAME once crashed the table (an internal IndexError)."""
+    shutil.copytree(RECORDED / "conc-defaults", tmp_path / "recorded" / "tune-chat" / "baseline")
+    outcome = _cli(tmp_path, "--slo", "ttft_p99<=800ms")
+    assert outcome.exit_code == 2, outcome.output
+    assert f"error: --from-results {tmp_path}/recorded: no run set recorded there — give the folder holding one run " \
+           f"set per candidate (DIR/<candidate>/runset.json), a tune's RESULTS/NAME: {tmp_path}/recorded/tune-chat" \
            in outcome.output.replace("\n", " "), outcome.output
-    assert "internal error" not in outcome.output and not isinstance(outcome.exception, IndexError)
+    assert outcome.exception is None or isinstance(outcome.exception, SystemExit)
