@@ -7,7 +7,8 @@ rate (Poisson and bursty), 3 rounds, side by side.
   python3 -m benchmarks.h200.rates campaign OUT   the runs: OUT/campaign.json (written after every run), OUT/table.md
 
 With RATES_ONLY=capacity in the environment, both serve the tuned instance alone and the campaign is the capacity
-and its check (for a session with little device time left).
+and its check (for a session with little device time left); with RATES_ONLY=side, the campaign is the side-by-side
+rounds alone (for a card whose capacity is already measured).
 
 Both instances share the GPU (0.45 each), started as their units would (benchmarks/h200/run.py); one is loaded
 at a time, the order alternating by round so a drift of the machine spreads over both. Every run goes through
@@ -42,10 +43,10 @@ SHARE = 0.45
 LOAD = "single"  # 512 in / 128 out, the lengths of gpu-lab's reference runs
 SLO = "ttft_p99<=300ms,itl_p99<=40ms"
 SECONDS = 6.0  # each run sends rate x this many requests
-# Budget: on the lent H100 (2026-12-07) a run took 26-34 s, of which ~20 s is `vllm bench serve` starting (its
-# imports, the 152k-word tokenizer); the two servers were ready 3 min after the start. 18 side-by-side runs,
-# 5 capacity trials and 2 checks are ~13 min: more than one session's device time left after a failed start
-# or two. What that run measured: benchmarks/h200/results/2026-12-07-h100-rates/.
+# Budget, measured on a lent H100 (2026-12-07, benchmarks/h200/results/2026-12-07-h100-campaign/): the two servers
+# ready 184 s after the start, `tune --capacity` 255 s, the 2 checks 78 s, the 18 side-by-side runs 10.7 min (a run
+# 27-43 s, of which ~20 s is `vllm bench serve` starting: its imports, the 152k-word tokenizer); ~19.5 min in all,
+# of a session's 30. After failed starts, RATES_ONLY=capacity or RATES_ONLY=side splits it over two sessions.
 ROUNDS = 3
 CHECK_ROUNDS = 1  # the check: a run at the capacity (met) and one at OVER x it (missed)
 CONDITIONS = tuple(Arrivals(rate, burstiness, MAX_IN_FLIGHT, SECONDS)
@@ -55,6 +56,7 @@ CAPACITY_TRIALS = 5
 OVER = 1.2  # the check: at the capacity the SLO holds, at 1.2x it does not
 TUNED = "latency"
 ONLY_CAPACITY = os.environ.get("RATES_ONLY") == "capacity"
+ONLY_SIDE = os.environ.get("RATES_ONLY") == "side"
 COLUMNS = (("request_throughput", "req/s", 1), ("output_throughput", "tok/s", 0), ("p50_ttft_ms", "TTFT p50", 1),
            ("p99_ttft_ms", "TTFT p99", 1), ("p99_itl_ms", "ITL p99", 1), ("p50_tpot_ms", "TPOT p50", 2))
 
@@ -100,7 +102,7 @@ def campaign(out: Path) -> None:
         (out / "campaign.json").write_text(json.dumps(record, indent=1) + "\n")
 
     log(out, f"throughput renders defaults: {record['throughput_renders_defaults']}")
-    record["capacity"] = capacity(out, vllm)
+    record["capacity"] = None if ONLY_SIDE else capacity(out, vllm)
     save()
     rate = (record["capacity"] or {}).get("rate")
     for label, at in ((("at the capacity", rate), (f"at {OVER:g}x", round(rate * OVER, 3))) if rate else ()):

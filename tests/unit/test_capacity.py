@@ -252,28 +252,47 @@ def test_tune_capacity_that_finds_no_rate_exits_1_and_writes_no_capacity(tmp_pat
 
 # --- the lent H100's capacity run (issue 37, point 4), replayed ----------------------------------------------
 
-H100_RUN = Path(__file__).resolve().parents[2] / "benchmarks/h200/results/2026-12-07-h100-capacity"
+H100_RUNS = Path(__file__).resolve().parents[2] / "benchmarks/h200/results"
+H100_RUN = H100_RUNS / "2026-12-07-h100-capacity"  # the morning's: `latency` alone on the card
+H100_CAMPAIGN = H100_RUNS / "2026-12-07-h100-campaign"  # the afternoon's: `defaults` idle beside it
 
 
-def test_the_h100_trials_replayed_give_the_capacity_the_live_tune_kept_and_plan_sizes_a_route_by_it(tmp_path):
-    """benchmarks/h200/rates.py ran `provision tune --capacity` on the lent H100 (its trials and capacity.json
-    are kept): replaying those trials finds the same answer, to the field, and plan counts replicas by it."""
+def replay_h100_trials(run: Path, tmp_path: Path, gateways: str = "") -> tuple[Path, dict, Path]:
+    """`provision tune latency --capacity --from-results … --write` over a lent H100's recorded trials, as the live
+    tune ran them: the folder replayed, the capacity.json the live tune kept, the spec written."""
     folder = tmp_path / "capacity"
-    shutil.copytree(H100_RUN / "tune/capacity", folder)
+    shutil.copytree(run / "tune/capacity", folder)
     live = json.loads((folder / "capacity.json").read_text())
     (folder / "capacity.json").unlink()
     spec = tmp_path / "spec.yml"
-    spec.write_text((H100_RUN / "spec.yml").read_text() + "gateways:\n- {name: public, host: h200, rates: "
-                    "{/root/stage/stage/model: 150}}\n")
+    spec.write_text((run / "spec.yml").read_text() + gateways)
     outcome = CliRunner().invoke(app, ["tune", "latency", "--spec", str(spec), "--slo", SLO, "--load", "single",
                                        "--max-candidates", "1", "--rate", "32", "--rate-seconds", "6", "--capacity",
                                        "--capacity-trials", "5", "--from-results", str(folder), "--write"],
                                  env={"COLUMNS": "250", "NO_COLOR": "1", "PROVISION_SPEC": ""})
     assert outcome.exit_code == 0, outcome.output
     assert json.loads((folder / "capacity.json").read_text()) == live
+    return folder, live, spec
+
+
+def test_the_h100_trials_replayed_give_the_capacity_the_live_tune_kept_and_plan_sizes_a_route_by_it(tmp_path):
+    """benchmarks/h200/rates.py ran `provision tune --capacity` on the lent H100 (its trials and capacity.json
+    are kept): replaying those trials finds the same answer, to the field, and plan counts replicas by it."""
+    folder, live, spec = replay_h100_trials(H100_RUN, tmp_path, "gateways:\n- {name: public, host: h200, rates: "
+                                            "{/root/stage/stage/model: 150}}\n")
     assert live["rate"] == 60 and [(trial["rate"], trial["meets"]) for trial in live["trials"]] == [
         (32, True), (64, False), (48, True), (56, True), (60, True)]
     (host_plan,) = build_plan(load_spec(spec))
     (route,) = host_plan.routes
     assert route.carries == (f"150/s takes 3 replica(s) at 60/s each (latency, SLO {SLO}, measured: "
                              f"{folder}/capacity.json, {live['measured']}); the route has 1: short by 2: add replicas")
+
+
+def test_the_second_h100_run_replayed_gives_its_own_capacity_one_trial_apart(tmp_path):
+    """The same search on the same kind of card hours later found 56, not 60: its 60/s trial missed (103 % of the
+    TTFT limit). The replay gives that run's answer, not the first one's, and writes it into `latency` alone."""
+    _, live, spec = replay_h100_trials(H100_CAMPAIGN, tmp_path)
+    assert live["rate"] == 56 and [(trial["rate"], trial["meets"]) for trial in live["trials"]] == [
+        (32, True), (64, False), (48, True), (56, True), (60, False)]
+    instances = {item.name: item.capacity for item in load_spec(spec).instances}
+    assert instances["defaults"] is None and instances["latency"].rate == 56
