@@ -290,9 +290,16 @@ def test_the_h100_trials_replayed_give_the_capacity_the_live_tune_kept_and_plan_
 
 def test_the_second_h100_run_replayed_gives_its_own_capacity_one_trial_apart(tmp_path):
     """The same search on the same kind of card hours later found 56, not 60: its 60/s trial missed (103 % of the
-    TTFT limit). The replay gives that run's answer, not the first one's, and writes it into `latency` alone."""
-    _, live, spec = replay_h100_trials(H100_CAMPAIGN, tmp_path)
+    TTFT limit). The replay gives that run's answer, not the first one's, and writes it into `latency` alone; a
+    route over both of that run's instances counts by the measured one and names the other unmeasured."""
+    folder, live, spec = replay_h100_trials(H100_CAMPAIGN, tmp_path, "gateways:\n- {name: public, host: h200, "
+                                            "rates: {/root/stage/stage/model: 150}}\n")
     assert live["rate"] == 56 and [(trial["rate"], trial["meets"]) for trial in live["trials"]] == [
         (32, True), (64, False), (48, True), (56, True), (60, False)]
     instances = {item.name: item.capacity for item in load_spec(spec).instances}
     assert instances["defaults"] is None and instances["latency"].rate == 56
+    (host_plan,) = build_plan(load_spec(spec))
+    (route,) = host_plan.routes
+    assert route.carries.startswith(
+        f"150/s takes 3 replica(s) at 56/s each (latency, SLO {SLO}, measured: {folder}/capacity.json, "
+        f"{live['measured']}); the route has 2: short by 1: add replicas; unmeasured: defaults"), route.carries
