@@ -25,7 +25,8 @@ def recorded(instance: str) -> RunSet:
     return RunSet(instance, {}, [Run.from_json(json.loads(path.read_text()), str(path)) for path in paths])
 
 
-def row(run_set: RunSet, arrivals) -> str:
+def expected_row(run_set: RunSet, arrivals) -> tuple[str, str]:
+    """How the row of `arrivals` must begin (the medians, the SLO judged on them) and end (the rounds that met it)."""
     medians = run_set.rate_summary()[arrivals]
     outcome = evaluate(run_set, SLO, run_set.name, {}, arrivals)
     alone = [evaluate(RunSet("one", {}, [run]), SLO, "one", {}, arrivals).meets
@@ -52,6 +53,6 @@ def test_the_docs_side_by_side_rows_are_the_medians_of_the_recorded_runs(instanc
     doc = (ROOT / "docs/bench.md").read_text().splitlines()
     run_set = recorded(instance)
     for arrivals in run_set.arrivals:
-        start, end = row(run_set, arrivals)
+        start, end = expected_row(run_set, arrivals)
         shown = [line for line in doc if line.startswith(f"| {arrivals.label} | {instance} |")]
         assert len(shown) == 1 and shown[0].startswith(start) and shown[0].endswith(end), (shown, start, end)
