@@ -55,8 +55,19 @@ CAPACITY_START = 32.0
 CAPACITY_TRIALS = 5
 OVER = 1.2  # the check: at the capacity the SLO holds, at 1.2x it does not
 TUNED = "latency"
-ONLY_CAPACITY = os.environ.get("RATES_ONLY") == "capacity"
-ONLY_SIDE = os.environ.get("RATES_ONLY") == "side"
+PARTS = {"": ("capacity", "side"), "capacity": ("capacity",), "side": ("side",)}  # RATES_ONLY: what is run
+
+
+def campaign_parts(only: str) -> tuple[str, ...]:
+    """What the campaign runs for RATES_ONLY=`only` ("": all of it). A value it does not know stops it before a
+    server starts: a typo would otherwise spend a whole device session on the full campaign."""
+    if only not in PARTS:
+        sys.exit(f"RATES_ONLY={only!r}: give capacity, side, or nothing for the whole campaign")
+    return PARTS[only]
+
+
+RUNS = campaign_parts(os.environ.get("RATES_ONLY", ""))
+ONLY_CAPACITY, ONLY_SIDE = "side" not in RUNS, "capacity" not in RUNS
 COLUMNS = (("request_throughput", "req/s", 1), ("output_throughput", "tok/s", 0), ("p50_ttft_ms", "TTFT p50", 1),
            ("p99_ttft_ms", "TTFT p99", 1), ("p99_itl_ms", "ITL p99", 1), ("p50_tpot_ms", "TPOT p50", 2))
 

@@ -60,8 +60,10 @@ def gpu_device() -> dict:
 
 
 def gpu0(listing: str) -> dict:
-    """GPU 0 as `nvidia-smi -L` lists it, as a spec's device."""
+    """GPU 0 as `nvidia-smi -L` lists it, as a spec's device; a listing without it stops the run, saying so."""
     found = re.search(r"^GPU 0: (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", listing, re.MULTILINE)
+    if not found:
+        sys.exit(f"nvidia-smi -L lists no GPU 0 with a UUID; it said: {listing.strip()[:200] or 'nothing'}")
     return {"index": 0, "uuid": found.group(2), "model": found.group(1)}
 
 

@@ -255,6 +255,7 @@ def test_tune_capacity_that_finds_no_rate_exits_1_and_writes_no_capacity(tmp_pat
 H100_RUNS = Path(__file__).resolve().parents[2] / "benchmarks/h200/results"
 H100_RUN = H100_RUNS / "2026-12-07-h100-capacity"  # the morning's: `latency` alone on the card
 H100_CAMPAIGN = H100_RUNS / "2026-12-07-h100-campaign"  # the afternoon's: `defaults` idle beside it
+ROUTE_150 = "gateways:\n- {name: public, host: h200, rates: {/root/stage/stage/model: 150}}\n"  # both runs' model
 
 
 def replay_h100_trials(run: Path, tmp_path: Path, gateways: str = "") -> tuple[Path, dict, Path]:
@@ -278,8 +279,7 @@ def replay_h100_trials(run: Path, tmp_path: Path, gateways: str = "") -> tuple[P
 def test_the_h100_trials_replayed_give_the_capacity_the_live_tune_kept_and_plan_sizes_a_route_by_it(tmp_path):
     """benchmarks/h200/rates.py ran `provision tune --capacity` on the lent H100 (its trials and capacity.json
     are kept): replaying those trials finds the same answer, to the field, and plan counts replicas by it."""
-    folder, live, spec = replay_h100_trials(H100_RUN, tmp_path, "gateways:\n- {name: public, host: h200, rates: "
-                                            "{/root/stage/stage/model: 150}}\n")
+    folder, live, spec = replay_h100_trials(H100_RUN, tmp_path, ROUTE_150)
     assert live["rate"] == 60 and [(trial["rate"], trial["meets"]) for trial in live["trials"]] == [
         (32, True), (64, False), (48, True), (56, True), (60, True)]
     (host_plan,) = build_plan(load_spec(spec))
@@ -292,8 +292,7 @@ def test_the_second_h100_run_replayed_gives_its_own_capacity_one_trial_apart(tmp
     """The same search on the same kind of card hours later found 56, not 60: its 60/s trial missed (103 % of the
     TTFT limit). The replay gives that run's answer, not the first one's, and writes it into `latency` alone; a
     route over both of that run's instances counts by the measured one and names the other unmeasured."""
-    folder, live, spec = replay_h100_trials(H100_CAMPAIGN, tmp_path, "gateways:\n- {name: public, host: h200, "
-                                            "rates: {/root/stage/stage/model: 150}}\n")
+    folder, live, spec = replay_h100_trials(H100_CAMPAIGN, tmp_path, ROUTE_150)
     assert live["rate"] == 56 and [(trial["rate"], trial["meets"]) for trial in live["trials"]] == [
         (32, True), (64, False), (48, True), (56, True), (60, False)]
     instances = {item.name: item.capacity for item in load_spec(spec).instances}

@@ -7,9 +7,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
 import yaml
 
-from benchmarks.h200 import run
+from benchmarks.h200 import rates, run
 from provisioner.plan import build_plan
 from provisioner.spec import load_spec
 from provisioner.spec.models import VllmSettings
@@ -39,3 +40,19 @@ def test_the_harness_spec_names_the_card_the_run_is_on():
     device = run.gpu0(listing)
     assert device["model"] == "NVIDIA H200" and device["uuid"] in listing.splitlines()[0]
     assert run.harness_spec(DEVICE)["hosts"][0]["gpus"]["devices"] == [DEVICE]
+
+
+def test_a_listing_without_gpu_0_stops_the_harness_saying_what_nvidia_smi_said():
+    with pytest.raises(SystemExit, match=r"nvidia-smi -L lists no GPU 0 with a UUID; it said: No devices were found"):
+        run.gpu0("No devices were found\n")
+
+
+@pytest.mark.parametrize("only, parts", [("", ("capacity", "side")), ("capacity", ("capacity",)), ("side", ("side",))])
+def test_rates_only_picks_the_campaigns_parts(only, parts):
+    assert rates.campaign_parts(only) == parts
+
+
+def test_a_rates_only_it_does_not_know_stops_it_before_a_server_starts():
+    """A typo (RATES_ONLY=sides) would otherwise run the whole campaign on a session's last device minutes."""
+    with pytest.raises(SystemExit, match=r"RATES_ONLY='sides': give capacity, side, or nothing for the whole campaign"):
+        rates.campaign_parts("sides")

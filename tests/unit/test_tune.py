@@ -355,7 +355,6 @@ def test_tune_refuses_bad_input_in_one_line_before_anything_runs(tmp_path, args,
     assert not (tmp_path / "recorded" / "pareto.png").exists()
 
 
-
 def test_tune_from_a_folder_holding_no_run_set_names_the_folders_below_it_that_do(tmp_path):
     """A tune's RESULTS given instead of RESULTS/NAME once crashed the table (an internal IndexError)."""
     shutil.copytree(RECORDED / "conc-defaults", tmp_path / "recorded" / "tune-chat" / "baseline")
