@@ -22,7 +22,7 @@ from provisioner.base.signals import signals_held
 from provisioner.base.spec_lock import spec_lock
 from provisioner.base.unreachable import CONNECT_TIMEOUT_S
 from provisioner.fleet.inventory import host_units, write_inventory
-from provisioner.fleet.remote import HostShell
+from provisioner.fleet.remote import ANSWERS_AGAIN, HostShell
 from provisioner.fleet.selection import select_hosts
 from provisioner.spec import Host, Spec
 from provisioner.validation.preflight import (
@@ -105,7 +105,7 @@ def _apply_hosts(spec: Spec, chosen: list[Host], *, check: bool, diff: bool, con
                                   on_result=on_result, on_output=on_output, on_notice=on_notice)
             if not check:  # the hosts that failed ran no later play: their locks too
                 give_back_locks(spec, allowed, result.lock_run)
-            say_how_lost_hosts_answer_now(spec, result)
+            ask_hosts_that_did_not_finish(spec, result)
             if controls.rollout is not None and not check and not result.succeeded and spec.gateways:
                 result.recovery = recover_gateways(Path(inventory_dir), result.lost, controls, on_result)
     refused_stats = {refusal.host: HostStats(unreachable=1) for refusal in refusals}
@@ -137,18 +137,28 @@ def give_back_locks(spec: Spec, names: list[str], run_id: str) -> None:
         list(pool.map(give_back, hosts))
 
 
-def say_how_lost_hosts_answer_now(spec: Spec, result: ApplyResult) -> None:
-    """The hosts lost during the run, connected to once more (all at once, each within ssh's connect
-    timeout): what the network says now is added to why each was lost."""
-    lost = [host for host in spec.hosts if host.name in result.lost]
-    if not lost:
+def ask_hosts_that_did_not_finish(spec: Spec, result: ApplyResult) -> None:
+    """The hosts lost during the run, and those a task failed on, connected to once more (all at once, each
+    within ssh's connect timeout). A lost host's reason gets what the network says now. A failed host that
+    does not answer now is lost too: a shutdown stops the task's process before it closes ssh, so a host that
+    went down mid-task can fail its task instead of going unreachable; it is reported, and recovered, as lost."""
+    failed = {problem.host: problem for problem in result.problems if problem.status == "failed" and not problem.ignored
+              and problem.host in result.stats and not result.stats[problem.host].unreachable}  # its last failure
+    asked = [host for host in spec.hosts if host.name in result.lost or host.name in failed]
+    if not asked:
         return
-    with ThreadPoolExecutor(max_workers=len(lost)) as pool:
-        now = dict(zip([host.name for host in lost],
-                       pool.map(lambda host: HostShell.for_host(host, spec.source_path).answers(), lost)))
+    with ThreadPoolExecutor(max_workers=len(asked)) as pool:
+        now = dict(zip([host.name for host in asked],
+                       pool.map(lambda host: HostShell.for_host(host, spec.source_path).answers(), asked)))
     for problem in result.problems:
         if problem.status == "unreachable" and problem.host in now and now[problem.host] != problem.message:
             problem.message += f"; connected to again: {now[problem.host]}"
+    for host, problem in failed.items():
+        if now[host] != ANSWERS_AGAIN:
+            problem.status, problem.message = "unreachable", \
+                f"its task failed ({problem.message}), then it stopped answering: connected to again: {now[host]}"
+            stats = result.stats[host]
+            stats.failed, stats.unreachable = stats.failed - 1, stats.unreachable + 1
 
 
 RECOVER_PLAYBOOK = f"{paths.COLLECTION}.rollout_recover"

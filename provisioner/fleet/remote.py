@@ -19,6 +19,7 @@ from provisioner.base.unreachable import CONNECT_TIMEOUT_S, explain, liveness_op
 from provisioner.spec import Host
 
 SSH_PORT = 22
+ANSWERS_AGAIN = "it answers again"  # what HostShell.answers says of a host that answers
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class HostShell:
             self.run("true", timeout=CONNECT_TIMEOUT_S + 10)
         except RemoteError as error:
             return str(error).removeprefix(f"{self.name}: ")
-        return "it answers again"
+        return ANSWERS_AGAIN
 
     def read_text(self, path: str) -> str:
         return self.run(f"cat {shlex.quote(path)}").stdout

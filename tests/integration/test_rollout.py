@@ -544,10 +544,12 @@ def test_a_host_lost_mid_batch_is_named_and_taken_out_and_the_others_keep_servin
     print(f"\n(lost host) {lost.name} powered off mid-batch; the apply ended {run.ended - cut:.1f} s later\n"
           f"{run.report.text()}")
     assert not result.succeeded
-    assert result.lost == [lost.name], result.stats
+    assert result.lost == [lost.name], (result.stats, [(problem.host, problem.label, problem.status, problem.message)
+                                                       for problem in result.problems])
     assert run.ended - cut < 120, "the lost host held the run"
     assert run.report.failed_total == 0, run.report.text()  # drained before the power went
     outcomes = {row["host"]: row["outcome"] for row in rollout_rows(result, [host.name for host in fleet.serving])}
+    print(f"{lost.name}: {outcomes[lost.name]}")  # unreachable at its task, or its task failed as it went down
     assert outcomes[lost.name].startswith("lost mid-batch (unreachable at "), outcomes
     assert outcomes[fleet.serving[2].name] == "not reached: the rollout stopped before its batch", outcomes
     said = " ".join(note for task in result.recovery for note in task.notes)

@@ -101,16 +101,22 @@ def _stream(port, prompt_words, tokens, arrivals):
 @pytest.mark.parametrize("chunk, stalls", [(512, False), (4096, True)])
 def test_the_server_stalls_decodes_behind_a_large_prefill_chunk(tmp_path, chunk, stalls):
     """One request decoding when a 4096-token prompt arrives: with 4096-token chunks its next token waits a
-    whole prefill step (4096 × 0.0032 × 10 ms ≈ 131 ms); with 512-token chunks each step is ≈ 26 ms."""
+    whole prefill step (4096 × 0.0032 × 10 ms ≈ 131 ms); with 512-token chunks each step is ≈ 26 ms.
+    The prompt is sent once the first request has streamed tokens (not after a fixed sleep, which a busy
+    machine outlasts), and the first is still decoding when the prompt's answer ends."""
     port = free_port()
     with running(port, tmp_path / "standin.log", "--max-num-batched-tokens", str(chunk),
                  STANDIN_TTFT_MS="1", STANDIN_TPOT_MS="10"):
         decoding: list[float] = []
-        first = threading.Thread(target=_stream, args=(port, 8, 40, decoding))
+        first = threading.Thread(target=_stream, args=(port, 8, 100, decoding))
         first.start()
-        time.sleep(0.1)
+        deadline = time.monotonic() + 30
+        while len(decoding) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
         _stream(port, 4096, 2, [])
+        decoded_by_then = len(decoding)
         first.join()
     gaps = [later - earlier for earlier, later in zip(decoding, decoding[1:])]
-    assert len(decoding) == 40
+    assert len(decoding) == 100
+    assert 3 <= decoded_by_then < 100, "the prompt did not arrive while the first request decoded"
     assert (max(gaps) > 0.1) is stalls, gaps
