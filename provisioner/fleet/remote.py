@@ -107,9 +107,10 @@ class HostShell:
         return result
 
     def answers(self) -> str:
-        """Connect once more (as every command does): what the network says now, or that it answers."""
+        """Connect once more (as every command does): what the network says now, or that it answers (a
+        host that answers but refuses the command, e.g. sudo wanting a password, answers)."""
         try:
-            self.run("true", timeout=CONNECT_TIMEOUT_S + 10)
+            self.run("true", timeout=CONNECT_TIMEOUT_S + 10, check=False)
         except RemoteError as error:
             return str(error).removeprefix(f"{self.name}: ")
         return ANSWERS_AGAIN

@@ -20,11 +20,11 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def spec_of(hosts: dict[str, int]):
+def spec_of(hosts: dict[str, int], user: str = "root"):
     """Hosts on 127.0.0.1 by ssh port: 22 runs here, another port is reached over ssh."""
     return validate_spec({
         "version": 1,
-        "hosts": [{"name": name, "address": "127.0.0.1", "ssh": {"port": port, "user": "root"}}
+        "hosts": [{"name": name, "address": "127.0.0.1", "ssh": {"port": port, "user": user, "become": user != "root"}}
                   for name, port in hosts.items()],
         "instances": [],
     }, check_files=False)
@@ -63,3 +63,12 @@ def test_a_rollout_reports_a_host_that_failed_as_it_went_down_as_lost_mid_batch(
     assert host_outcome(result, "down").startswith(
         "lost mid-batch (unreachable at vllm_service : Write the config files): its task failed (MODULE FAILURE")
 
+
+
+def test_a_host_that_answers_but_refuses_the_command_answers():
+    """A user other than root goes through `sudo -n`, which fails where sudo wants a password (or, on this
+    machine, is not installed): the host answered, so its failure stands."""
+    spec = spec_of({"answers": 22}, user="ops")
+    result = ApplyResult(rc=2, stats={"answers": HostStats(ok=5, failed=1)}, problems=[failed("answers")])
+    ask_hosts_that_did_not_finish(spec, result)
+    assert result.lost == [] and result.problems[0].status == "failed"
