@@ -13,6 +13,7 @@ from provisioner.apply.playbook import ApplyResult
 from provisioner.cli.apply_view import host_outcome
 from provisioner.spec import validate_spec
 
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound then closed: ssh's connection to it is refused)."""
     with socket.socket() as probe:
@@ -62,7 +63,6 @@ def test_a_rollout_reports_a_host_that_failed_as_it_went_down_as_lost_mid_batch(
     result.turns = {"down": object()}  # it had its turn (host_outcome reads only that there was one)
     assert host_outcome(result, "down").startswith(
         "lost mid-batch (unreachable at vllm_service : Write the config files): its task failed (MODULE FAILURE")
-
 
 
 def test_a_host_that_answers_but_refuses_the_command_answers():
