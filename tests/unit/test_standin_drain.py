@@ -46,3 +46,12 @@ def test_the_standin_stops_as_the_real_server_stopped(timeout, tmp_path):
             stop(server)
     assert server.returncode == 0, log.read_text()
     assert behaviour(result) == behaviour(recorded(timeout, "SIGTERM to the API server")), json.dumps(result)[:3000]
+
+
+def test_an_exit_seen_a_hair_before_the_last_stream_ended_is_with_it_and_one_well_before_or_after_is_not():
+    """CI saw the stand-in exit at 0.550 s and its last stream end at 0.551 s (two threads' clocks)."""
+    round_ = recorded(0, "SIGTERM to the API server")
+    last = max(stream["ended_s"] for stream in round_["in_flight"])
+    assert behaviour({**round_, "server_exited_s": last - 0.001})["exits"] == "with the last stream"
+    assert behaviour({**round_, "server_exited_s": last - 0.5})["exits"] == "before the last stream"
+    assert behaviour({**round_, "server_exited_s": last + 7})["exits"] == "later"
