@@ -180,8 +180,8 @@ def behaviour(result: dict) -> dict:
     health = {str(status) for at, status in result["health"] if at >= after}
     last_stream = max(r["ended_s"] for r in in_flight)
     exited = result["server_exited_s"]
-    # the exit and the streams' ends are seen by different threads: an exit seen up to 0.1 s before the last
-    # stream's end is the same moment (a stream cut by an early exit shows in how it ended, not here)
+    # the exit and the streams' ends are seen by different threads: an exit seen up to CLOCKS_APART_S before the
+    # last stream's end is the same moment (a stream cut by an early exit shows in how it ended, not here)
     return {"streams_in_flight": sorted(ends),
             "streams_end_cleanly": all(r["status"] == 200 and r["done"] and not r["error"] for r in in_flight),
             "streams_end": "at the signal" if last_stream - result["signalled_s"] < 1 else "after the signal",
